@@ -1,0 +1,32 @@
+# Two commands on a fresh clone: `make install`, then `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# Where no GPU is present the CPU build of torch is installed first, so that the
+# plain torch requirement never pulls a multi-GB CUDA build. Override to choose.
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: install test bench demo clean
+
+install:
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "keeping the installed torch: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PY) -m pip install -q "torch>=2.4"; \
+	else \
+		$(PY) -m pip install -q "$(TORCH_CPU)"; \
+	fi
+	$(PY) -m pip install -q -e ".[test]"
+
+test:
+	$(PY) -m pytest -q tests
+
+bench:
+	$(PY) -m gemma4enc bench --device cpu --layers 2 --json bench-out/bench.json
+
+demo:
+	$(PY) -m gemma4enc demo ./demo
+
+clean:
+	rm -rf $(VENV) demo bench-out *.egg-info

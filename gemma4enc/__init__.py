@@ -1,0 +1,15 @@
+"""gemma4enc: encode folders of images and videos with the Gemma 4 vision tower.
+
+    import gemma4enc
+    emb = gemma4enc.open("embeddings")      # reads only the manifest
+    tokens = emb["/data/cat.jpg"]           # (soft tokens, hidden) from one shard
+"""
+
+__version__ = "0.1.0"
+
+
+def open(out):  # noqa: A001 - the reader's natural name, as in safetensors.safe_open / tarfile.open
+    """An output folder's reader: `emb[path]`, `emb.frames(path)`, `emb.pooled(path)`, `emb.row(path)`."""
+    from .shards import Embeddings
+
+    return Embeddings(out)

@@ -1,0 +1,240 @@
+"""The command line: thin wrappers that parse flags into Options and call the stages.
+
+stdout carries data (--json), stderr carries progress and messages.
+Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error
+· 130 interrupted (re-run to resume).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import UsageError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Encode folders of images and videos with the Gemma 4 vision tower.")
+
+Roots = Annotated[list[str], typer.Argument(help="Folders or files to encode (walked recursively).")]
+Out = Annotated[Path, typer.Option("--out", "-o", help="Output folder for shards and manifest.")]
+Model = Annotated[str, typer.Option(help="Checkpoint folder (HF layout) or hub id in the HF cache.")]
+Dtype = Annotated[str, typer.Option(help="Tower dtype: auto (bfloat16 on CUDA, else float32), float32, bfloat16, float16.")]
+Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
+ImageTokens = Annotated[int, typer.Option("--max-soft-tokens", help="Soft tokens per image: 70, 140, 280, 560 or 1120.")]
+VideoTokens = Annotated[int, typer.Option("--video-soft-tokens", help="Soft tokens per video frame: 70 … 1120.")]
+Frames = Annotated[int, typer.Option("--frames", help="Frames sampled uniformly per video (ignored with --fps).")]
+Fps = Annotated[Optional[float], typer.Option("--fps", help="Sample this many frames per second instead.")]
+MaxFrames = Annotated[int, typer.Option("--max-frames", help="Cap on frames per video with --fps.")]
+Backend = Annotated[str, typer.Option("--video-backend", help="auto (decord where frame-accurate, else PyAV), decord or pyav.")]
+Batching = Annotated[str, typer.Option(help="auto, serial (one item per call), bucket (same patch count) or pack (any size).")]
+MemFraction = Annotated[float, typer.Option("--memory-fraction", help="Share of free accelerator memory a batch may use.")]
+MaxPatches = Annotated[Optional[int], typer.Option("--max-batch-patches", help="Patches per tower call (overrides the memory model).")]
+ShardSize = Annotated[str, typer.Option("--shard-size", help="Target shard size, e.g. 1GB, 256MB.")]
+OutDtype = Annotated[str, typer.Option("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")]
+FilesFrom = Annotated[Optional[str], typer.Option("--files-from", help="Read paths to encode from this file, one per line ('-' = stdin).")]
+Include = Annotated[Optional[list[str]], typer.Option("--include", help="Only paths matching this glob (repeatable).")]
+Exclude = Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip paths matching this glob (repeatable).")]
+Hidden = Annotated[bool, typer.Option("--hidden", help="Also walk hidden files and folders.")]
+MaxPixels = Annotated[int, typer.Option("--max-image-pixels", help="Refuse images with more pixels (decompression bombs); 0 = no limit.")]
+Pooled = Annotated[bool, typer.Option("--pooled/--no-pooled", help="Also store each file's mean token.")]
+Json = Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or messages on stderr.")]
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+         "GIB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in UNITS:
+        raise UsageError(f"--shard-size {text!r}: use a size like 1GB or 256MB")
+    return max(1, int(float(m.group(1)) * UNITS[m.group(2).upper()]))
+
+
+def fail(message: str) -> None:
+    typer.echo(f"gemma4enc: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _options(**kw):
+    from .decode import Sampling
+    from .options import Options
+    from .patches import SOFT_TOKEN_BUDGETS
+
+    for flag, value in (("--max-soft-tokens", kw["image_tokens"]), ("--video-soft-tokens", kw["video_tokens"])):
+        if value not in SOFT_TOKEN_BUDGETS:
+            raise UsageError(f"{flag} {value}: use one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}")
+    if kw["video_backend"] not in ("auto", "decord", "pyav"):
+        raise UsageError(f"--video-backend {kw['video_backend']!r}: use auto, decord or pyav")
+    if kw["out_dtype"] not in ("bfloat16", "float16", "float32"):
+        raise UsageError(f"--out-dtype {kw['out_dtype']!r}: use bfloat16, float16 or float32")
+    if kw["frames"] < 1 or kw["max_frames"] < 1 or (kw["fps"] is not None and kw["fps"] <= 0):
+        raise UsageError("--frames, --max-frames and --fps must be positive")
+    if not 0 < kw["memory_fraction"] <= 1:
+        raise UsageError("--memory-fraction must be in (0, 1]")
+    sampling = Sampling(frames=None if kw["fps"] else kw["frames"], fps=kw.pop("fps"), max_frames=kw.pop("max_frames"))
+    kw.pop("frames")
+    kw["shard_bytes"] = parse_size(kw.pop("shard_size"))
+    kw["max_image_pixels"] = kw["max_image_pixels"] or None
+    return Options(sampling=sampling, **kw)
+
+
+class Bar:
+    """Progress on stderr: a rich bar on a terminal, a line every few seconds elsewhere."""
+
+    def __init__(self, total: int, quiet: bool):
+        import time
+
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.time, self.start, self.last = time, time.perf_counter(), 0.0
+        self.total, self.files, self.patches, self.quiet = total, 0, 0, quiet
+        console = Console(stderr=True)
+        self.bar = None
+        if not quiet and console.is_terminal:
+            self.bar = Progress(TextColumn("encoding"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console)
+            self.task = self.bar.add_task("encode", total=total, rate="")
+            self.bar.start()
+
+    def advance(self, files: int, patches: int) -> None:
+        self.files += files
+        self.patches += patches
+        elapsed = max(self.time.perf_counter() - self.start, 1e-9)
+        rate = f"{self.files / elapsed:.1f} items/s {self.patches / elapsed:,.0f} patches/s"
+        if self.bar:
+            self.bar.update(self.task, advance=files, rate=rate)
+        elif not self.quiet and (elapsed - self.last >= 5 or self.files == self.total):
+            self.last = elapsed
+            print(f"gemma4enc: {self.files}/{self.total} files, {rate}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+@app.command()
+def encode(
+    roots: Roots = None,
+    out: Out = Path("embeddings"),
+    model: Model = "google/gemma-4-E2B-it",
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    image_tokens: ImageTokens = 280,
+    video_tokens: VideoTokens = 70,
+    frames: Frames = 32,
+    fps: Fps = None,
+    max_frames: MaxFrames = 32,
+    video_backend: Backend = "auto",
+    batching: Batching = "auto",
+    memory_fraction: MemFraction = 0.7,
+    max_batch_patches: MaxPatches = None,
+    shard_size: ShardSize = "1GB",
+    out_dtype: OutDtype = "bfloat16",
+    files_from: FilesFrom = None,
+    include: Include = None,
+    exclude: Exclude = None,
+    hidden: Hidden = False,
+    max_image_pixels: MaxPixels = 89_478_485,
+    pooled: Pooled = True,
+    json_out: Json = False,
+    quiet: Quiet = False,
+):
+    """Encode every image and video under ROOTS into safetensors shards in OUT."""
+    from .discover import discover
+    from .runner import encode_files
+
+    try:
+        options = _options(model=model, dtype=dtype, device=device, image_tokens=image_tokens,
+                           video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
+                           video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
+                           max_batch_patches=max_batch_patches, shard_size=shard_size, out_dtype=out_dtype,
+                           max_image_pixels=max_image_pixels, pooled=pooled)
+        if not roots and not files_from:
+            raise UsageError("nothing to encode: give folders or files, or --files-from")
+        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
+        report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet), log=None if quiet else _log)
+    except UsageError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        typer.echo("gemma4enc: interrupted; finished files are saved, re-run to resume", err=True)
+        raise typer.Exit(130)
+    report["skipped_not_media"] = skipped
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    raise typer.Exit(1 if report["failed"] else 0)
+
+
+def _log(message: str) -> None:
+    typer.echo(f"gemma4enc: {message}", err=True)
+
+
+@app.command()
+def plan(
+    roots: Roots = None,
+    image_tokens: ImageTokens = 280,
+    video_tokens: VideoTokens = 70,
+    frames: Frames = 32,
+    files_from: FilesFrom = None,
+    include: Include = None,
+    exclude: Exclude = None,
+    hidden: Hidden = False,
+    hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
+    out_dtype: OutDtype = "bfloat16",
+    json_out: Json = False,
+):
+    """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
+    from .discover import discover
+    from .runner import plan_report
+
+    try:
+        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
+        report = plan_report(items, image_tokens, video_tokens, frames, hidden_size, out_dtype)
+    except UsageError as e:
+        fail(str(e))
+    report["skipped_not_media"] = skipped
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            typer.echo(f"{key}: {value}")
+
+
+@app.command()
+def inspect(out: Annotated[Path, typer.Argument(help="An output folder of gemma4enc encode.")], json_out: Json = False):
+    """Summarise an output folder: files by status, shards, tokens, failures."""
+    from .runner import inspect_report
+
+    try:
+        report = inspect_report(out)
+    except UsageError as e:
+        fail(str(e))
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            typer.echo(f"{key}: {value}")
+
+
+@app.command()
+def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo checkpoint, media and output.")] = Path("demo")):
+    """Run the real pipeline on generated media with a tiny random checkpoint (no hub needed)."""
+    from .demo import make_demo
+
+    ckpt, media = make_demo(folder)
+    typer.echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)
+    encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu",
+           image_tokens=280, video_tokens=70, frames=8, fps=None, max_frames=32, video_backend="auto",
+           batching="auto", memory_fraction=0.7, max_batch_patches=None, shard_size="1GB", out_dtype="float32",
+           files_from=None, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,
+           json_out=True, quiet=False)
+
+
+def main() -> None:
+    app()

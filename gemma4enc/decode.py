@@ -1,0 +1,269 @@
+"""Files → RGB pixels: images with Pillow, videos as sampled frames with decord or PyAV.
+
+Every failure here is a `DecodeError` with a status (the manifest's error class) and a
+message naming the reason; callers record it and go on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageFile, ImageOps
+
+ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, not a grey patch
+
+
+class DecodeError(Exception):
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status  # e.g. "decode_error", "unsupported", "too_large", "empty"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    frames: int | None = 32  # uniform frames per video (Gemma4VideoProcessor's default); None with fps
+    fps: float | None = None  # or: frames per second of video, capped by max_frames
+    max_frames: int = 32  # cap for fps sampling
+
+    def indices(self, total: int, timestamps: np.ndarray | None = None) -> list[int]:
+        """Frame indices to take from a video of `total` frames (presentation order)."""
+        if total <= 0:
+            return []
+        if self.fps is None:
+            n = min(self.frames or 32, total)
+            return [i * total // n for i in range(n)]  # as Gemma4VideoProcessor: arange(n) * total // n
+        assert timestamps is not None and len(timestamps) == total
+        wanted = np.arange(0.0, float(timestamps[-1]) + 1e-9, 1.0 / self.fps)
+        # the last frame shown at or before each wanted time
+        idx = np.clip(np.searchsorted(timestamps, wanted + 1e-6, side="right") - 1, 0, total - 1)
+        idx = sorted(set(idx.tolist()))
+        if len(idx) > self.max_frames:
+            idx = [idx[i * len(idx) // self.max_frames] for i in range(self.max_frames)]
+        return idx
+
+
+@dataclass
+class Frames:
+    """What decoding one file gives: one image, or a video's sampled frames."""
+
+    images: list  # PIL RGB images or (H, W, 3) uint8 arrays, in rising frame order
+    indices: list[int] = field(default_factory=lambda: [0])  # frame numbers in the source (presentation order)
+    timestamps: list[float] = field(default_factory=lambda: [0.0])  # seconds from the stream start
+    info: dict = field(default_factory=dict)  # width, height, fps, total_frames, backend, …
+
+
+# ---- images ---------------------------------------------------------------------------------
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Every Pillow mode to RGB on purpose: 16-bit scaled, alpha composited on white."""
+    mode = image.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        array = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if mode.startswith("I;16") or array.max() > 255 else 255.0
+        array = np.clip(array * (255.0 / top), 0, 255).round().astype(np.uint8)
+        return Image.fromarray(array, "L").convert("RGB")
+    if mode == "F":
+        array = np.asarray(image, dtype=np.float64)
+        lo, hi = float(np.nanmin(array)), float(np.nanmax(array))
+        scale = 255.0 / (hi - lo) if hi > lo else 0.0
+        return Image.fromarray(((array - lo) * scale).astype(np.uint8), "L").convert("RGB")
+    if mode == "P" and "transparency" in image.info or mode in ("LA", "PA", "La", "RGBa"):
+        image = image.convert("RGBA")
+        mode = "RGBA"
+    if mode == "RGBA":
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, image).convert("RGB")
+    return image.convert("RGB") if mode != "RGB" else image
+
+
+def decode_image(path: str, max_pixels: int | None) -> Frames:
+    """First frame of the file, EXIF-oriented, as RGB; bombs and truncation are errors."""
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                frames = getattr(image, "n_frames", 1)
+                image.seek(0)
+                image.load()  # lazy open: a truncated file fails here, inside the try
+                rgb = to_rgb(ImageOps.exif_transpose(image))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DecodeError("too_large", f"{e} (raise --max-image-pixels to allow it)") from None
+    except Image.UnidentifiedImageError:
+        raise DecodeError("unsupported", "not an image Pillow can read") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated, corrupt, bad header
+        raise DecodeError("decode_error", f"{type(e).__name__}: {e}") from None
+    info = {"width": rgb.width, "height": rgb.height, "source_frames": frames}
+    return Frames(images=[rgb], info=info)
+
+
+# ---- videos ---------------------------------------------------------------------------------
+
+
+def _apply_rotation(array: np.ndarray, degrees: int) -> np.ndarray:
+    """PyAV reports a display rotation (counter-clockwise degrees) that it does not apply."""
+    turns = (int(degrees) // 90) % 4
+    return np.ascontiguousarray(np.rot90(array, k=turns)) if turns else array
+
+
+def decode_video_pyav(path: str, sampling: Sampling) -> Frames:
+    """Index the stream by demuxing, then decode forward, seeking only past keyframes.
+
+    Frame n is the n-th frame in presentation (pts) order. Packets are decoded one by one so
+    a corrupt packet loses its frames, not the rest of the file.
+    """
+    import av
+
+    with av.open(path) as container:
+        if not container.streams.video:
+            raise DecodeError("no_video_stream", "the file has no video stream")
+        stream = container.streams.video[0]
+        stream.thread_count = 1  # workers decode in parallel; threads inside them only contend
+        pts, keyframes = [], []
+        for packet in container.demux(stream):
+            if packet.pts is not None and packet.size:
+                pts.append(packet.pts)
+                if packet.is_keyframe:
+                    keyframes.append(packet.pts)
+        if not pts:
+            raise DecodeError("empty", "the video stream has no frames")
+        order = np.array(sorted(pts))
+        base = stream.start_time if stream.start_time is not None else int(order[0])
+        times = (order - base) * float(stream.time_base)
+        wanted = sampling.indices(len(order), times)
+        got = _pyav_frames(container, stream, order, sorted(keyframes), wanted)
+    if not got:
+        raise DecodeError("decode_error", "no sampled frame could be decoded")
+    indices = sorted(got)
+    info = {"backend": "pyav", "codec": stream.codec_context.name, "total_frames": len(order),
+            "fps": float(stream.average_rate or 0), "duration": float(times[-1]),
+            "missing_frames": len(wanted) - len(indices)}
+    return Frames(images=[got[i] for i in indices], indices=indices,
+                  timestamps=[round(float(times[i]), 6) for i in indices], info=info)
+
+
+def _pyav_frames(container, stream, order, keyframes, wanted) -> dict[int, np.ndarray]:
+    """Frame number -> RGB array for each wanted frame that decodes."""
+    index_of = {int(p): i for i, p in enumerate(order)}
+    pending = deque(int(order[i]) for i in wanted)  # target pts, rising
+    got: dict[int, np.ndarray] = {}
+    frames, position = None, None  # the decoding run in progress and the pts it reached
+    while pending:
+        key = _keyframe_before(keyframes, pending[0])
+        if frames is None or key > position:  # next target lies past the next keyframe: seek
+            container.seek(key, stream=stream, backward=True)
+            frames = _decoded(container, stream)
+        for frame in frames:
+            position = frame.pts
+            while pending and pending[0] < position:  # its packet was corrupt: lost
+                pending.popleft()
+            if pending and pending[0] == position:
+                got[index_of[position]] = _apply_rotation(frame.to_ndarray(format="rgb24"), frame.rotation)
+                pending.popleft()
+            if not pending or _keyframe_before(keyframes, pending[0]) > position:
+                break
+        else:
+            break  # end of stream: the rest cannot be found
+    return got
+
+
+def _keyframe_before(keyframes: list[int], pts: int) -> int:
+    i = bisect.bisect_right(keyframes, pts) - 1
+    return keyframes[max(i, 0)] if keyframes else pts
+
+
+def _decoded(container, stream):
+    """Frames in presentation order, packet by packet, skipping packets that fail to decode."""
+    import av
+
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.error.InvalidDataError:
+            continue
+        for frame in frames:
+            if frame.pts is not None:
+                yield frame
+
+
+def decode_video_decord(path: str, sampling: Sampling) -> Frames:
+    import decord
+
+    decord.logging.set_level(decord.logging.QUIET)
+    try:
+        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
+    except (RuntimeError, decord.DECORDError) as e:
+        raise DecodeError("decode_error", f"decord: {str(e).splitlines()[0][:200]}") from None
+    total = len(reader)
+    if total == 0:
+        raise DecodeError("empty", "the video stream has no frames")
+    times = reader.get_frame_timestamp(np.arange(total))[:, 0]
+    wanted = sampling.indices(total, times)
+    try:
+        batch = reader.get_batch(wanted).asnumpy()  # (F, H, W, 3) uint8
+    except (RuntimeError, decord.DECORDError) as e:
+        raise DecodeError("decode_error", f"decord: {str(e).splitlines()[0][:200]}") from None
+    info = {"backend": "decord", "total_frames": total, "fps": float(reader.get_avg_fps()),
+            "duration": float(times[-1])}
+    return Frames(images=list(batch), indices=list(wanted), timestamps=[round(float(times[i]), 6) for i in wanted],
+                  info=info)
+
+
+def _codec(path: str) -> str | None:
+    import av
+
+    try:
+        with av.open(path) as container:
+            if not container.streams.video:
+                raise DecodeError("no_video_stream", "the file has no video stream")
+            return container.streams.video[0].codec_context.name
+    except av.error.FFmpegError as e:
+        raise DecodeError("decode_error", f"cannot open: {e}") from None
+
+
+# decord returns off-by-one frames after seeks in HEVC (open GOP): PyAV is exact there
+DECORD_INEXACT = {"hevc", "h265"}
+
+
+def decode_video(path: str, sampling: Sampling, backend: str = "auto") -> Frames:
+    """--video-backend auto|decord|pyav; auto takes decord where it is frame-accurate."""
+    if backend == "pyav":
+        return _guard(decode_video_pyav, path, sampling)
+    if backend == "decord":
+        return _guard(decode_video_decord, path, sampling)
+    if _codec(path) in DECORD_INEXACT:
+        return _guard(decode_video_pyav, path, sampling)
+    try:
+        return _guard(decode_video_decord, path, sampling)
+    except DecodeError as first:
+        try:
+            return _guard(decode_video_pyav, path, sampling)
+        except DecodeError as second:
+            raise DecodeError(second.status, f"{second} (decord: {first})") from None
+
+
+def _guard(fn, path: str, sampling: Sampling) -> Frames:
+    """Library exceptions → DecodeError, so nothing but DecodeError leaves this module."""
+    import av
+
+    try:
+        return fn(path, sampling)
+    except DecodeError:
+        raise
+    except av.error.FFmpegError as e:
+        raise DecodeError("decode_error", f"pyav: {e}") from None
+    except (RuntimeError, ValueError, OSError, IndexError) as e:
+        raise DecodeError("decode_error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
+
+
+def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None) -> Frames:
+    if kind == "image":
+        return decode_image(path, max_pixels)
+    if kind == "video":
+        return decode_video(path, sampling, backend)
+    raise DecodeError("unsupported", "not an image or video format we know")

@@ -1,0 +1,135 @@
+"""Roots or a file list → one sorted list of media files, kind sniffed from the bytes."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+from dataclasses import dataclass
+from typing import Iterable
+
+IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
+              ".pgm", ".pbm", ".ico", ".tga"}
+VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
+              ".wmv", ".3gp", ".ogv"}
+SNIFF_BYTES = 32
+
+
+@dataclass(frozen=True)
+class Item:
+    path: str  # absolute path, symlinks not resolved: the name the user knows
+    kind: str  # "image" | "video" | "unknown"
+    size: int  # bytes
+    mtime_ns: int
+    error: str | None = None  # set when the file could not even be looked at (broken link, no access)
+
+
+def sniff(head: bytes) -> str | None:
+    """The kind a file's first bytes say, or None when they say nothing we know."""
+    if head[:3] == b"\xff\xd8\xff" or head[:8] == b"\x89PNG\r\n\x1a\n" or head[:4] in (b"GIF8",):
+        return "image"
+    if head[:2] == b"BM" or head[:4] in (b"II*\x00", b"MM\x00*") or head[:4] == b"\x00\x00\x01\x00":
+        return "image"
+    if head[:4] == b"RIFF":
+        return {b"WEBP": "image", b"AVI ": "video"}.get(head[8:12])
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        return "image" if brand in (b"avif", b"avis", b"heic", b"heix", b"mif1", b"msf1") else "video"
+    if head[:4] == b"\x1a\x45\xdf\xa3" or head[:3] == b"FLV" or head[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3"):
+        return "video"
+    if head[:4] == b"OggS" or head[:16] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11\xa6\xd9\x00\xaa\x00\x62\xce\x6c":
+        return "video"
+    return None
+
+
+def kind_of(path: str, head: bytes) -> str:
+    """Bytes first; the extension is only a hint when the bytes are not recognised."""
+    kind = sniff(head)
+    if kind:
+        return kind
+    ext = os.path.splitext(path)[1].lower()
+    if ext in IMAGE_EXTS:
+        return "image"
+    if ext in VIDEO_EXTS:
+        return "video"
+    return "unknown"
+
+
+def look(path: str) -> Item:
+    """stat + sniff one path; failures become an Item with `error`, never an exception."""
+    try:
+        st = os.stat(path)
+        if not os.path.isfile(path):
+            return Item(path, "unknown", 0, 0, error="not a regular file")
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except FileNotFoundError:
+        reason = "broken symlink" if os.path.islink(path) else "file not found"
+        return Item(path, _ext_kind(path), 0, 0, error=reason)
+    except OSError as e:
+        return Item(path, _ext_kind(path), 0, 0, error=f"cannot read: {e.strerror or e}")
+    return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns)
+
+
+def _ext_kind(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    return "image" if ext in IMAGE_EXTS else "video" if ext in VIDEO_EXTS else "unknown"
+
+
+def _matches(rel: str, include: list[str], exclude: list[str]) -> bool:
+    name = os.path.basename(rel)
+    hit = lambda pats: any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(name, p) for p in pats)  # noqa: E731
+    return (not include or hit(include)) and not hit(exclude)
+
+
+def walk(root: str, hidden: bool = False) -> Iterable[str]:
+    """Every file under root (root itself if a file), following symlinks without loops."""
+    if not os.path.isdir(root):
+        yield root
+        return
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:  # a symlink back up the tree
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        if not hidden:
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            filenames = [f for f in filenames if not f.startswith(".")]
+        for name in filenames:
+            yield os.path.join(dirpath, name)
+
+
+def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
+             hidden: bool = False) -> tuple[list[Item], int]:
+    """(media items in one stable sorted order, count of files skipped as not media).
+
+    Files named explicitly (a root that is a file, or a --files-from line) are always kept,
+    so an unsupported one gets a row saying so; files found by walking are kept only when
+    they look like media.
+    """
+    named: list[str] = []
+    walked: list[tuple[str, str]] = []  # (path, path relative to its root: what globs see)
+    if files_from:
+        stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
+        with stream:
+            named += [line.rstrip("\n") for line in stream if line.strip()]
+    for root in roots:
+        if os.path.isdir(root):
+            walked += [(p, os.path.relpath(p, root)) for p in walk(root, hidden)]
+        else:
+            named.append(root)
+    items: dict[str, Item] = {}
+    skipped = 0
+    candidates = [(p, p, True) for p in named] + [(p, rel, False) for p, rel in walked]
+    for path, rel, explicit in candidates:
+        if not _matches(rel, list(include), list(exclude)):
+            continue
+        item = look(os.path.abspath(path))
+        if item.kind == "unknown" and not explicit:
+            skipped += 1
+            continue
+        items[item.path] = item
+    return sorted(items.values(), key=lambda i: i.path), skipped
+

@@ -1,0 +1,12 @@
+"""Errors that end a run before it starts (exit code 2) and the per-file error classes."""
+
+
+class UsageError(Exception):
+    """A bad flag, model, device or output folder: one line for the user, exit code 2."""
+
+
+def first_lines(messages: list[str], limit: int = 3) -> str:
+    """'a; b; c … (N more)' for reports of many failures."""
+    shown = "; ".join(messages[:limit])
+    more = len(messages) - limit
+    return shown + (f" … ({more} more)" if more > 0 else "")

@@ -1,0 +1,200 @@
+"""Find a Gemma 4 checkpoint and load its vision tower and `embed_vision`, and nothing else.
+
+A 31B checkpoint holds ~60 GB of language model; we read the safetensors index, open only the
+files that hold `vision_tower.*` / `embed_vision.*` tensors and read only those tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .errors import UsageError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# what we read, under either prefix: HF layout has "model.", mlx conversions drop it
+PARTS = ("vision_tower.", "embed_vision.")
+PREFIXES = ("model.", "")
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str  # what the user passed to --model (hub id or path), saved in the output metadata
+    root: Path  # local folder holding config.json and the weight files
+    config: object  # transformers Gemma4Config
+    tensors: dict[str, dict[str, str]]  # part ("vision_tower."/"embed_vision.") -> {module key: file}
+    revision: str | None = None  # hub snapshot hash, when resolved from the cache
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise UsageError(f"unknown dtype {name!r}: use one of {', '.join(DTYPES)}") from None
+
+
+def parse_device(name: str) -> torch.device:
+    """auto → cuda, then mps, then cpu; an explicit device must exist."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {name!r}: this torch sees no CUDA device; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif device.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise UsageError(f"device {name!r}: MPS is not available here")
+    elif device.type != "cpu":
+        raise UsageError(f"unsupported device {name!r}: use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def _read_config(root: Path, name: str):
+    path = root / "config.json"
+    if not path.is_file():
+        raise UsageError(f"{name}: no config.json in {root}; --model needs a Hugging Face checkpoint folder")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{name}: cannot read config.json ({e})") from None
+    if raw.get("model_type") != "gemma4":
+        raise UsageError(
+            f"{name}: not a Gemma 4 checkpoint (model_type={raw.get('model_type')!r}, expected 'gemma4')"
+        )
+    if not raw.get("vision_config"):
+        raise UsageError(f"{name}: this Gemma 4 checkpoint has no vision tower (no vision_config)")
+    from transformers import Gemma4Config
+
+    return Gemma4Config.from_dict(raw)
+
+
+def _weight_map(root: Path, name: str) -> dict[str, str]:
+    """Every tensor name -> the file that holds it, reading only headers."""
+    if (root / INDEX).is_file():
+        return json.loads((root / INDEX).read_text())["weight_map"]
+    if (root / SINGLE).is_file():
+        with safe_open(str(root / SINGLE), framework="pt") as f:
+            return {key: SINGLE for key in f.keys()}
+    raise UsageError(f"{name}: no {SINGLE} or {INDEX} in {root}")
+
+
+def _vision_tensors(weight_map: dict[str, str], name: str) -> dict[str, dict[str, str]]:
+    found: dict[str, dict[str, str]] = {part: {} for part in PARTS}
+    for key, file in weight_map.items():
+        for prefix in PREFIXES:
+            for part in PARTS:
+                if key.startswith(prefix + part):
+                    found[part][key] = file
+    if not found["vision_tower."]:
+        raise UsageError(f"{name}: the checkpoint holds no vision_tower.* tensors")
+    if not found["embed_vision."]:
+        raise UsageError(f"{name}: the checkpoint holds no embed_vision.* tensors")
+    return found
+
+
+def _hub_files(repo_id: str) -> tuple[Path, str | None]:
+    """Resolve a hub id through the HF cache: config and index first, then only vision shards."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+    def fetch(filename: str) -> Path:
+        return Path(hf_hub_download(repo_id, filename))
+
+    try:
+        config = fetch("config.json")
+        try:
+            index = fetch(INDEX)
+            files = sorted({f for k, f in json.loads(index.read_text())["weight_map"].items()
+                            if any(k.startswith(p + part) for p in PREFIXES for part in PARTS)})
+        except EntryNotFoundError:
+            files = [SINGLE]
+        for file in files:
+            fetch(file)
+    except LocalEntryNotFoundError:
+        how = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached"
+        raise UsageError(
+            f"{repo_id}: not in the Hugging Face cache and {how}; download it first "
+            f"(`hf download {repo_id}`) or pass a local checkpoint folder"
+        ) from None
+    except (RepositoryNotFoundError, EntryNotFoundError) as e:
+        raise UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    revision = config.parent.name if config.parent.parent.name == "snapshots" else None
+    return config.parent, revision
+
+
+def find_checkpoint(model: str) -> Checkpoint:
+    """--model: a local folder in Hugging Face layout, or a hub id resolved through the cache."""
+    path = Path(model).expanduser()
+    revision = None
+    if path.is_dir():
+        root = path
+    elif path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        raise UsageError(f"{model}: no such checkpoint folder (and not a hub id like 'org/name')")
+    else:
+        root, revision = _hub_files(model)
+    config = _read_config(root, model)
+    tensors = _vision_tensors(_weight_map(root, model), model)
+    return Checkpoint(name=model, root=root, config=config, tensors=tensors, revision=revision)
+
+
+def read_tensors(ckpt: Checkpoint, part: str) -> dict[str, torch.Tensor]:
+    """The tensors of one part, keyed by module path (prefix stripped), opening only their files."""
+    by_file: dict[str, list[str]] = defaultdict(list)
+    for key, file in ckpt.tensors[part].items():
+        by_file[file].append(key)
+    state = {}
+    for file, keys in sorted(by_file.items()):
+        with safe_open(str(ckpt.root / file), framework="pt") as f:
+            for key in keys:
+                state[key.split(part, 1)[1]] = f.get_tensor(key)
+    return state
+
+
+def load_modules(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device):
+    """Build Gemma4VisionModel and Gemma4MultimodalEmbedder on meta, then assign the read tensors.
+
+    Loading is strict: a dropped clip bound or std buffer would silently change the output
+    (their defaults are ±inf and garbage).
+    """
+    from transformers.models.gemma4.modeling_gemma4 import (
+        Gemma4MultimodalEmbedder,
+        Gemma4VisionModel,
+        Gemma4VisionRotaryEmbedding,
+    )
+
+    vcfg, tcfg = ckpt.config.vision_config, ckpt.config.text_config
+    vcfg._attn_implementation = "sdpa"  # sub-configs come back with None
+    with torch.device("meta"):
+        vision = Gemma4VisionModel(vcfg)
+        embed = Gemma4MultimodalEmbedder(vcfg, tcfg)
+    for module, part in ((vision, "vision_tower."), (embed, "embed_vision.")):
+        try:
+            module.load_state_dict(read_tensors(ckpt, part), strict=True, assign=True)
+        except RuntimeError as e:
+            raise UsageError(f"{ckpt.name}: {part}* tensors do not match the config: {str(e).splitlines()[0]}") from None
+    # inv_freq is a non-persistent buffer, so not in the checkpoint (still on meta): build it
+    # after the cast, because transformers keeps it in float32 whatever the model's dtype
+    del vision.encoder.rotary_emb
+    vision = vision.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    vision.encoder.rotary_emb = Gemma4VisionRotaryEmbedding(vcfg, device=device)
+    embed = embed.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return vision, embed

@@ -1,0 +1,46 @@
+"""Every setting of a run, in one frozen dataclass passed down whole and saved in the output."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .decode import Sampling
+
+DEFAULT_MODEL = "google/gemma-4-E2B-it"  # the smallest released Gemma 4 with a vision tower
+
+
+@dataclass(frozen=True)
+class Options:
+    # checkpoint folder or hub id (resolved through the Hugging Face cache)
+    model: str = DEFAULT_MODEL
+    # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, float32 elsewhere)
+    dtype: str = "auto"
+    # auto | cpu | cuda | cuda:N | mps
+    device: str = "auto"
+    # soft-token budget per image (70/140/280/560/1120): sets the resize
+    image_tokens: int = 280
+    # soft-token budget per video frame (Gemma4VideoProcessor's default is 70)
+    video_tokens: int = 70
+    # which frames of a video
+    sampling: Sampling = field(default_factory=Sampling)
+    # auto | decord | pyav
+    video_backend: str = "auto"
+    # auto | serial | bucket | pack
+    batching: str = "auto"
+    # share of free accelerator memory a batch may use
+    memory_fraction: float = 0.7
+    # patches per tower call; None: from the measured memory model
+    max_batch_patches: int | None = None
+    # target shard size, bytes
+    shard_bytes: int = 1 << 30
+    # dtype of the stored tokens
+    out_dtype: str = "bfloat16"
+    # Pillow's decompression-bomb limit, pixels (None: no limit)
+    max_image_pixels: int | None = 89_478_485
+    # also store the mean token of each file
+    pooled: bool = True
+
+    def fingerprint(self) -> dict:
+        """The settings that change what is written: a re-run must match them."""
+        keep = ("model", "image_tokens", "video_tokens", "sampling", "out_dtype")
+        return {k: v for k, v in asdict(self).items() if k in keep}

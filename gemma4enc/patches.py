@@ -1,0 +1,62 @@
+"""Images and frames → Gemma 4 patches, exactly as `Gemma4ImageProcessorPil` makes them.
+
+We keep pixels as uint8 (4× smaller than the processor's float32 on the way to the device)
+and no padding rows; the tower scales them to [0, 1] with the processor's own rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+
+PATCH = 16  # pixels per patch side
+POOL = 3  # k: k×k patches pool into one soft token
+SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
+
+
+@dataclass(frozen=True)
+class Patches:
+    pixels: np.ndarray  # (n, 16*16*3) uint8: channels-last inside a patch, patches row-major
+    positions: np.ndarray  # (n, 2) int64: (x, y) = (column, row) of each patch
+
+    @property
+    def n(self) -> int:
+        return self.pixels.shape[0]
+
+    @property
+    def soft_tokens(self) -> int:
+        return self.n // (POOL * POOL)
+
+
+def target_size(height: int, width: int, max_soft_tokens: int) -> tuple[int, int]:
+    """The processor's aspect-preserving size: sides multiples of 48 px, ≤ budget×9 patches."""
+    if max_soft_tokens not in SOFT_TOKEN_BUDGETS:
+        raise ValueError(f"max_soft_tokens must be one of {SOFT_TOKEN_BUDGETS}, got {max_soft_tokens}")
+    return get_aspect_ratio_preserving_size(
+        height=height,
+        width=width,
+        patch_size=PATCH,
+        max_patches=max_soft_tokens * POOL * POOL,
+        pooling_kernel_size=POOL,
+    )
+
+
+def patchify(image: Image.Image | np.ndarray, max_soft_tokens: int) -> Patches:
+    """Resize (bicubic, up or down, as the processor does) and cut into 16×16 patches."""
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)  # (H, W, 3) uint8 frames from the video decoders
+    if image.mode != "RGB":
+        raise ValueError(f"patchify needs an RGB image, got mode {image.mode}")
+    h, w = target_size(image.height, image.width, max_soft_tokens)
+    if (h, w) != (image.height, image.width):
+        image = image.resize((w, h), resample=Image.Resampling.BICUBIC)
+    array = np.asarray(image, dtype=np.uint8)  # (h, w, 3)
+    ph, pw = h // PATCH, w // PATCH
+    pixels = array.reshape(ph, PATCH, pw, PATCH, 3).transpose(0, 2, 1, 3, 4)  # (ph, pw, 16, 16, 3)
+    pixels = np.ascontiguousarray(pixels.reshape(ph * pw, PATCH * PATCH * 3))  # (n, 768)
+    xs, ys = np.meshgrid(np.arange(pw), np.arange(ph), indexing="xy")
+    positions = np.stack([xs, ys], axis=-1).reshape(ph * pw, 2).astype(np.int64)  # (n, 2)
+    return Patches(pixels=pixels, positions=positions)

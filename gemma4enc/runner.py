@@ -1,0 +1,173 @@
+"""One local run: preflight (output folder, settings, model), what is left to do, then the pipeline.
+
+Also the read-only reports behind `plan` and `inspect`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+from . import __version__
+from .discover import Item
+from .errors import UsageError, first_lines
+from .options import Options
+from .shards import MANIFEST, SHARD_RE, OUT_DTYPES, ShardWriter, atomic_write, read_manifest
+
+SETTINGS = "settings.json"
+
+
+def prepare_out(out: Path, options: Options) -> None:
+    """Create OUT, prove it writable, and refuse settings that differ from its earlier runs."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
+    path = out / SETTINGS
+    mine = json.loads(json.dumps(options.fingerprint()))
+    if path.exists():
+        theirs = json.loads(path.read_text())
+        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if changed:
+            detail = ", ".join(f"{k}: {theirs.get(k)!r} → {mine.get(k)!r}" for k in changed)
+            raise UsageError(f"{out} was made with other settings ({detail}); use another --out")
+    else:
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
+
+
+def still_to_do(items: list[Item], out: Path) -> list[Item]:
+    """Files without a row for their current size and mtime."""
+    rows = read_manifest(out)
+    todo = []
+    for item in items:
+        row = rows.get(item.path)
+        if row is None or row.get("size") != item.size or row.get("mtime_ns") != item.mtime_ns:
+            todo.append(item)
+    return todo
+
+
+def metadata(options: Options, tower) -> dict[str, str]:
+    """Shard header: everything a reader needs to know what the numbers are."""
+    ckpt = tower.checkpoint
+    return {
+        "producer": f"gemma4enc {__version__}",
+        "model": options.model,
+        "revision": str(ckpt.revision) if ckpt and ckpt.revision else "",
+        "dtype": str(tower.dtype).removeprefix("torch."),
+        "out_dtype": options.out_dtype,
+        "image_soft_tokens": str(options.image_tokens),
+        "video_soft_tokens": str(options.video_tokens),
+        "sampling": json.dumps(asdict(options.sampling)),
+        "hidden_size": str(tower.out_dim),
+    }
+
+
+def encode_files(items: list[Item], out: Path, options: Options, bar, log=None) -> dict:
+    """The whole local run; returns the summary that --json prints."""
+    from .pipeline import run
+    from .plan import budget_patches, resolve_batching
+    from .tower import load_tower
+
+    out = Path(out)
+    prepare_out(out, options)
+    todo = still_to_do(items, out)
+    dtype = options.dtype
+    if dtype == "auto":
+        import torch
+
+        from .model import parse_device
+
+        dtype = "bfloat16" if parse_device(options.device).type == "cuda" else "float32"
+    tower = load_tower(options.model, dtype, options.device)
+    mode = resolve_batching(options.batching, tower.device)
+    max_patches = budget_patches(tower, options, mode) if todo else 0
+    if log:
+        log(f"{len(items)} files, {len(items) - len(todo)} already done; {tower.device}, {dtype}, "
+            f"batching {mode}, ≤{max_patches} patches per call")
+    writer = ShardWriter(out, options.out_dtype, metadata(options, tower), options.shard_bytes, options.pooled)
+    progress = bar(len(todo))
+    try:
+        summary = run(todo, tower, options, writer, mode, max_patches, progress)
+    except KeyboardInterrupt:
+        writer.flush()  # keep what is finished
+        raise
+    finally:
+        progress.close()
+    rows = read_manifest(out)
+    failures = [f"{Path(r['path']).name}: {r['status']}" for i in todo if (r := rows.get(i.path)) and r["status"] != "ok"]
+    if failures and log:
+        log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
+    return {
+        "out": str(out), "files": len(items), "done_before": len(items) - len(todo), "encoded": summary.ok,
+        "failed": summary.failed, "by_status": summary.by_status, "frames": summary.frames,
+        "tokens": summary.tokens, "patches": summary.patches, "seconds": round(summary.seconds, 3),
+        "items_per_s": round(summary.files / summary.seconds, 3) if summary.seconds else None,
+        "patches_per_s": round(summary.patches / summary.seconds, 1) if summary.seconds else None,
+        "device": str(tower.device), "dtype": dtype, "batching": mode, "max_batch_patches": max_patches,
+    }
+
+
+def plan_report(items: list[Item], image_tokens: int, video_tokens: int, frames: int, hidden: int,
+                out_dtype: str) -> dict:
+    """Dry run from headers only: no pixels decoded, no model loaded."""
+    from PIL import Image
+
+    from .patches import POOL, target_size
+
+    kinds, buckets, unreadable = Counter(), Counter(), 0
+    tokens = 0
+    for item in items:
+        kinds[item.kind] += 1
+        try:
+            if item.kind == "image":
+                with Image.open(item.path) as im:
+                    size, count = im.size, 1
+                budget = image_tokens
+            elif item.kind == "video":
+                import av
+
+                with av.open(item.path) as c:
+                    s = c.streams.video[0]
+                    size, count = (s.width, s.height), min(frames, s.frames or frames)
+                budget = video_tokens
+            else:
+                continue
+            h, w = target_size(size[1], size[0], budget)
+            n = (h // 16) * (w // 16)
+        except Exception:  # noqa: BLE001 - a dry run counts what it cannot read, encode will say why
+            unreadable += 1
+            continue
+        buckets[n] += count
+        tokens += count * n // (POOL * POOL)
+    width = OUT_DTYPES[out_dtype].itemsize
+    return {
+        "files": len(items), "by_kind": dict(kinds), "unreadable": unreadable, "tower_items": sum(buckets.values()),
+        "distinct_patch_counts": len(buckets), "largest_buckets": dict(buckets.most_common(8)),
+        "tokens": tokens, "output_bytes": tokens * hidden * width,
+    }
+
+
+def inspect_report(out: Path) -> dict:
+    out = Path(out)
+    if not (out / MANIFEST).exists():
+        raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
+    rows = read_manifest(out)
+    status = Counter(r["status"] for r in rows.values())
+    named = {r["shard"] for r in rows.values() if r.get("shard")}
+    on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
+    failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in rows.values() if r["status"] != "ok"]
+    return {
+        "out": str(out), "files": len(rows), "by_status": dict(status),
+        "by_kind": dict(Counter(r["kind"] for r in rows.values())),
+        "tokens": sum(r.get("tokens") or 0 for r in rows.values()), "shards": len(on_disk),
+        "missing_shards": sorted(named - on_disk), "orphan_shards": sorted(on_disk - named),
+        "deleted_inputs": sum(1 for p in rows if not os.path.exists(p)),
+        "settings": json.loads((out / SETTINGS).read_text()) if (out / SETTINGS).exists() else None,
+        "failures": failures[:20],
+    }

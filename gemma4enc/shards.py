@@ -1,0 +1,194 @@
+"""Output folder: safetensors shards, the manifest, and a reader.
+
+OUT/shard-NNNNNN.safetensors holds many files' soft tokens stacked:
+  tokens        [T, D]  out dtype   every soft token of the shard, file after file, frame after frame
+  item_offsets  [N+1]   int64       file i's tokens are tokens[item_offsets[i]:item_offsets[i+1]]
+  frame_offsets [F+1]   int64       token offsets of every frame (an image is one frame)
+  item_frames   [N+1]   int64       file i's frames are frame_offsets rows item_frames[i]..item_frames[i+1]
+  pooled        [N, D]  out dtype   mean of each file's tokens (float32 mean, then cast)
+OUT/manifest.jsonl has one row per input file; a row naming a shard is written only after
+that shard is on disk (temp name, fsync, rename, fsync of the folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT_VERSION = "1"
+MANIFEST = "manifest.jsonl"
+SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")
+OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write) -> None:
+    """write(tmp_path), then fsync and rename into place: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@dataclass
+class Pending:
+    """A file's result waiting for its shard to be written."""
+
+    row: dict
+    frames: list[torch.Tensor] = field(default_factory=list)  # (tokens_f, T) per frame, on the CPU
+
+
+class ShardWriter:
+    """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows."""
+
+    def __init__(self, out: Path, out_dtype: str, metadata: dict[str, str], shard_bytes: int = 1 << 30,
+                 pooled: bool = True):
+        self.out, self.dtype = Path(out), OUT_DTYPES[out_dtype]
+        self.metadata = {"format_version": FORMAT_VERSION, **metadata}
+        self.shard_bytes, self.pooled = shard_bytes, pooled
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.next_shard = 1 + max((int(m.group(1)) for p in self.out.iterdir() if (m := SHARD_RE.match(p.name))),
+                                  default=-1)
+        self.pending: list[Pending] = []
+        self.bytes = 0
+        self.last_flush = time.monotonic()
+
+    def add(self, row: dict, frames: list[torch.Tensor] | None = None) -> None:
+        """A finished file: ok with its per-frame tokens, or failed (row only)."""
+        item = Pending(row, [f.to("cpu", self.dtype) for f in frames or []])
+        self.pending.append(item)
+        self.bytes += sum(f.numel() * f.element_size() for f in item.frames)
+        if self.bytes >= self.shard_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the shard (if any file has tokens), then append every pending row."""
+        ok = [p for p in self.pending if p.frames]
+        if ok:
+            name = f"shard-{self.next_shard:06d}.safetensors"
+            tensors = self._stack(ok)
+            atomic_write(self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata))
+            self.next_shard += 1
+            for index, p in enumerate(ok):
+                p.row.update(shard=name, index=index)
+        append_rows(self.out, [p.row for p in self.pending])
+        self.pending, self.bytes, self.last_flush = [], 0, time.monotonic()
+
+    def _stack(self, ok: list[Pending]) -> dict[str, torch.Tensor]:
+        frames = [f for p in ok for f in p.frames]
+        frame_sizes = torch.tensor([0] + [f.shape[0] for f in frames])
+        item_sizes = torch.tensor([0] + [sum(f.shape[0] for f in p.frames) for p in ok])
+        item_frames = torch.tensor([0] + [len(p.frames) for p in ok])
+        tensors = {
+            "tokens": torch.cat(frames),  # (T_total, D)
+            "item_offsets": item_sizes.cumsum(0),
+            "frame_offsets": frame_sizes.cumsum(0),
+            "item_frames": item_frames.cumsum(0),
+        }
+        if self.pooled:
+            means = [torch.cat(p.frames).float().mean(0) for p in ok]
+            tensors["pooled"] = torch.stack(means).to(self.dtype)  # (N, D)
+        return tensors
+
+
+def append_rows(out: Path, rows: list[dict]) -> None:
+    """Append whole lines and fsync: a kill leaves at most a torn last line, which readers skip."""
+    if not rows:
+        return
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    with open(Path(out) / MANIFEST, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_manifest(out: Path) -> dict[str, dict]:
+    """path -> its latest row (later rows replace earlier ones: retries, changed files)."""
+    rows: dict[str, dict] = {}
+    path = Path(out) / MANIFEST
+    if not path.exists():
+        return rows
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a torn last line from a killed run
+            rows[row["path"]] = row
+    return rows
+
+
+class Embeddings:
+    """Read an output folder: `emb[path]` → (tokens, D) tensor, `emb.frames(path)` → per frame.
+
+    Only the manifest is read up front; each lookup opens one shard and slices its rows.
+    """
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        if not (self.out / MANIFEST).exists():
+            raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
+        self.rows = read_manifest(self.out)
+
+    def __len__(self) -> int:
+        return sum(1 for r in self.rows.values() if r["status"] == "ok")
+
+    def __iter__(self):
+        return (p for p, r in self.rows.items() if r["status"] == "ok")
+
+    def __contains__(self, path) -> bool:
+        row = self.rows.get(os.path.abspath(path))
+        return bool(row and row["status"] == "ok")
+
+    def row(self, path) -> dict:
+        key = os.path.abspath(path)
+        if key not in self.rows:
+            raise KeyError(f"{path}: not in {self.out / MANIFEST}")
+        return self.rows[key]
+
+    def __getitem__(self, path) -> torch.Tensor:
+        row = self.row(path)
+        if row["status"] != "ok":
+            raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
+        with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            lo, hi = f.get_slice("item_offsets")[row["index"]: row["index"] + 2].tolist()
+            return f.get_slice("tokens")[lo:hi]
+
+    def frames(self, path) -> list[torch.Tensor]:
+        """A video's tokens split per sampled frame (an image: one frame)."""
+        row = self.row(path)
+        tokens = self[path]
+        with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            a, b = f.get_slice("item_frames")[row["index"]: row["index"] + 2].tolist()
+            offsets = f.get_slice("frame_offsets")[a: b + 1]
+        return list(torch.split(tokens, (offsets[1:] - offsets[:-1]).tolist()))
+
+    def pooled(self, path) -> torch.Tensor:
+        row = self.row(path)
+        with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            return f.get_slice("pooled")[row["index"]: row["index"] + 1][0]
+
+
+def open_output(out: str | os.PathLike) -> Embeddings:
+    return Embeddings(out)

@@ -1,0 +1,214 @@
+"""The Gemma 4 vision tower, decomposed: patch_embedder → encoder → pooler → standardize → embed_vision.
+
+Every step calls the transformers modules themselves; what we add is the batching around
+them: a *stack* of items with the same patch count (no padding, no mask), or a *pack* of
+items of any size in one sequence with attention kept inside each item (varlen), pooled in
+one vectorised step. `Tower.encode(items) -> per-item soft tokens` is the whole interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from .patches import POOL, Patches
+
+ATTENTION = "gemma4enc_varlen"
+
+# the processor computes float64(u8) * (1/255) then rounds to float32: a table keeps that exact
+_UNIT = (torch.arange(256, dtype=torch.float64) * (1 / 255)).to(torch.float32)
+
+
+def _segment_sdpa(q, k, v, segments, scale, gqa):
+    """Attention per item, one SDPA call each. q, k, v: (heads, N, head_dim) → (N, heads, head_dim)."""
+    out = torch.empty_like(q)
+    for start, end in segments:
+        out[:, start:end] = F.scaled_dot_product_attention(
+            q[:, start:end], k[:, start:end], v[:, start:end], scale=scale, enable_gqa=gqa
+        )
+    return out.transpose(0, 1)
+
+
+def _flash_varlen(q, k, v, cu, max_len, scale, gqa):
+    """A CUDA varlen kernel: flash-attn if installed, else PyTorch's own. (N, heads, head_dim) in and out."""
+    try:
+        from flash_attn import flash_attn_varlen_func
+
+        return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale)
+    except ImportError:
+        from torch.nn.attention.varlen import varlen_attn
+
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, enable_gqa=gqa)
+
+
+_VARLEN_BROKEN: set[str] = set()  # devices where the varlen kernel failed once: use the loop
+
+
+def varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: SDPA, or block-diagonal attention when given `segments`.
+
+    query/key/value: (1, heads, N, head_dim); returns (1, N, heads, head_dim) as every
+    transformers attention function does.
+    """
+    segments = kwargs.pop("segments", None)
+    if segments is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kwargs)
+    cu, max_len = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+    q, k, v = query[0], key[0], value[0]  # (heads, N, head_dim)
+    gqa = q.shape[0] != k.shape[0]
+    device = str(q.device)
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and device not in _VARLEN_BROKEN:
+        try:
+            out = _flash_varlen(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu, max_len, scaling, gqa)
+            return out.unsqueeze(0), None
+        except (RuntimeError, ImportError, NotImplementedError):
+            _VARLEN_BROKEN.add(device)  # e.g. an old GPU without flash kernels
+    return _segment_sdpa(q, k, v, segments, scaling, gqa).unsqueeze(0), None
+
+
+AttentionInterface.register(ATTENTION, varlen_attention)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Items on their way to the device, concatenated: (Σ n_i, 768) pixels, (Σ n_i, 2) positions."""
+
+    items: list[Patches]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [p.n for p in self.items]
+
+    @property
+    def patches(self) -> int:
+        return sum(self.lengths)
+
+
+class Tower:
+    """The vision tower and projection of one checkpoint on one device."""
+
+    def __init__(self, vision, embed, device: torch.device, dtype: torch.dtype, checkpoint=None):
+        self.vision, self.embed = vision, embed
+        self.checkpoint = checkpoint  # model.Checkpoint it came from (name, revision), if any
+        self.device, self.dtype = device, dtype
+        self.config = vision.config
+        self.config._attn_implementation = ATTENTION
+        self.hidden = self.config.hidden_size  # D, the tower's width
+        self.out_dim = embed.embedding_projection.out_features  # T, the language model's width
+        self._unit = _UNIT.to(device)
+        self._root = self.hidden**0.5
+
+    # ---- the five stages -------------------------------------------------------------------
+
+    def embed_patches(self, pixels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(..., n, 768) uint8 + (..., n, 2) → (..., n, D): scaled on the device, no padding rows."""
+        values = self._unit[pixels.long()]  # (..., n, 768) float32 in [0, 1]
+        no_padding = torch.zeros(positions.shape[:-1], dtype=torch.bool, device=positions.device)
+        return self.vision.patch_embedder(values, positions, no_padding)
+
+    def encode_stack(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, n, D) → (B, n, D): same-length items, no mask needed."""
+        return self.vision.encoder(inputs_embeds=x, attention_mask=None, pixel_position_ids=positions).last_hidden_state
+
+    def encode_packed(self, x: torch.Tensor, positions: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """(1, N, D) → (1, N, D): items concatenated, attention restricted to each item."""
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        segments = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+        cu = torch.tensor(bounds, dtype=torch.int32, device=x.device)
+        return self.vision.encoder(
+            inputs_embeds=x, attention_mask=None, pixel_position_ids=positions,
+            segments=segments, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+            max_length_q=max(lengths), max_length_k=max(lengths),
+        ).last_hidden_state
+
+    def pool_stack(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, n, D) → (B·n/9, D) float32 with transformers' own pooler (per row, as it does)."""
+        b, n, _ = h.shape
+        no_padding = torch.zeros((b, n), dtype=torch.bool, device=h.device)
+        pooled, _ = self.vision.pooler(h, positions, no_padding, output_length=n // (POOL * POOL))
+        return pooled.reshape(-1, pooled.shape[-1])  # (B * n/9, D)
+
+    def pool_packed(self, h: torch.Tensor, slots: torch.Tensor, n_slots: int) -> torch.Tensor:
+        """(N, D) → (n_slots, D) float32: every item's k×k average in one scatter-add.
+
+        Same arithmetic as transformers' pooler (each patch × 1/k² in float32, summed, rounded
+        back to the working dtype, then × sqrt(D) in float32); only the summation order differs.
+        """
+        weighted = h.float() * (1.0 / (POOL * POOL))  # (N, D)
+        pooled = torch.zeros((n_slots, h.shape[-1]), dtype=torch.float32, device=h.device)
+        pooled.index_add_(0, slots, weighted)  # (n_slots, D)
+        return pooled.to(h.dtype).float() * self._root
+
+    def standardize(self, pooled: torch.Tensor) -> torch.Tensor:
+        """float32 (S, D) → working dtype, with std_bias/std_scale where the checkpoint has them."""
+        if self.config.standardize:
+            pooled = (pooled - self.vision.std_bias.float()) * self.vision.std_scale.float()
+        return pooled.to(self.dtype)
+
+    def project(self, soft: torch.Tensor) -> torch.Tensor:
+        """(S, D) → (S, T): embed_vision once over every soft token of a batch."""
+        return self.embed(soft)
+
+    # ---- batches ---------------------------------------------------------------------------
+
+    def _to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        pixels = torch.from_numpy(np.concatenate([p.pixels for p in batch.items]))  # (N, 768) uint8
+        positions = torch.from_numpy(np.concatenate([p.positions for p in batch.items]))  # (N, 2)
+        if self.device.type == "cuda":
+            pixels, positions = pixels.pin_memory(), positions.pin_memory()
+        return (pixels.to(self.device, non_blocking=True), positions.to(self.device, non_blocking=True))
+
+    @torch.inference_mode()
+    def encode(self, items: list[Patches], pack: bool = False) -> list[torch.Tensor]:
+        """Soft tokens per item, (n_i/9, T) each. Without `pack` all items must share n."""
+        batch = Batch(items)
+        pixels, positions = self._to_device(batch)
+        if pack:
+            pooled = self._pooled_packed(batch, pixels, positions)
+        else:
+            pooled = self._pooled_stack(batch, pixels, positions)
+        tokens = self.project(self.standardize(pooled))  # (Σ n_i/9, T)
+        return list(torch.split(tokens, [n // (POOL * POOL) for n in batch.lengths]))
+
+    def _pooled_stack(self, batch: Batch, pixels, positions) -> torch.Tensor:
+        lengths = set(batch.lengths)
+        if len(lengths) != 1:
+            raise ValueError(f"a stacked batch needs one patch count, got {sorted(lengths)}")
+        b, n = len(batch.items), lengths.pop()
+        pixels, positions = pixels.view(b, n, -1), positions.view(b, n, 2)  # (B, n, 768), (B, n, 2)
+        h = self.encode_stack(self.embed_patches(pixels, positions), positions)  # (B, n, D)
+        return self.pool_stack(h, positions)
+
+    def _pooled_packed(self, batch: Batch, pixels, positions) -> torch.Tensor:
+        slots, n_slots = pool_slots(batch.items)
+        x = self.embed_patches(pixels, positions).unsqueeze(0)  # (1, N, D)
+        h = self.encode_packed(x, positions.unsqueeze(0), batch.lengths)[0]  # (N, D)
+        return self.pool_packed(h, slots.to(self.device, non_blocking=True), n_slots)
+
+
+def pool_slots(items: list[Patches]) -> tuple[torch.Tensor, int]:
+    """For each patch of a pack, the soft-token row it averages into (row-major per item)."""
+    slots, offset = [], 0
+    for p in items:
+        x, y = p.positions[:, 0], p.positions[:, 1]
+        width = (int(x.max()) + 1) // POOL  # pooled grid width of this item
+        slots.append(offset + x // POOL + width * (y // POOL))
+        offset += p.soft_tokens
+    return torch.from_numpy(np.concatenate(slots)), offset
+
+
+def load_tower(model: str, dtype: str = "float32", device: str = "auto") -> Tower:
+    """--model, --dtype, --device → a ready Tower (vision weights only)."""
+    from .model import find_checkpoint, load_modules, parse_device, parse_dtype
+
+    torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
+    ckpt = find_checkpoint(model)
+    vision, embed = load_modules(ckpt, torch_dtype, torch_device)
+    return Tower(vision, embed, torch_device, torch_dtype, checkpoint=ckpt)
+
