@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
+from .discover import SNIFF_BYTES, sniff
+
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, not a grey patch
 
 
@@ -95,7 +97,11 @@ def decode_image(path: str, max_pixels: int | None) -> Frames:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise DecodeError("too_large", f"{e} (raise --max-image-pixels to allow it)") from None
     except Image.UnidentifiedImageError:
-        raise DecodeError("unsupported", "not an image Pillow can read") from None
+        with open(path, "rb") as f:
+            looks_like_image = sniff(f.read(SNIFF_BYTES)) == "image"
+        if looks_like_image:
+            raise DecodeError("decode_error", "corrupt image: its header is unreadable") from None
+        raise DecodeError("unsupported", "the content is not an image format Pillow reads") from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated, corrupt, bad header
         raise DecodeError("decode_error", f"{type(e).__name__}: {e}") from None
     info = {"width": rgb.width, "height": rgb.height, "source_frames": frames}

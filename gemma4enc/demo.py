@@ -105,8 +105,9 @@ def write_video(path: Path, frames: int = 40, codec: str = "libx264", fps: int =
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
         stream.options = {"g": "12"} if codec in ("libx264", "libx265") else {}
-        if durations_ms:
-            stream.time_base = fractions.Fraction(1, 1000)
+        if durations_ms:  # millisecond clock; no B-frames, so decode order is presentation order
+            stream.time_base = stream.codec_context.time_base = fractions.Fraction(1, 1000)
+            stream.options = {"g": "12", "bf": "0"}
         t = 0
         for i in range(frames):
             frame = av.VideoFrame.from_ndarray(barcode_frame(i, *size), format="rgb24")

@@ -1,0 +1,188 @@
+"""The encode command end to end, through the CLI, read back with plain safetensors + json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from transformers.image_utils import load_image
+from typer.testing import CliRunner
+
+import gemma4enc
+from gemma4enc.cli import app
+from gemma4enc.demo import write_images, write_video
+
+from .test_tower import close, hf_image_features
+
+RUN = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    write_images(root / "photos")
+    Image.fromarray((np.arange(96 * 64).reshape(64, 96) * 10).astype(np.uint16)).save(root / "photos" / "deep.png")
+    Image.new("CMYK", (120, 90), (10, 200, 30, 0)).save(root / "photos" / "cmyk.jpg")
+    write_video(root / "clips" / "a.mp4", frames=30) if (root / "clips").mkdir() is None else None
+    write_video(root / "clips" / "b.webm", frames=20, codec="libvpx-vp9")
+    (root / "notes.txt").write_text("skip me")
+    (root / ".hidden.jpg").write_bytes((root / "photos" / "landscape.jpg").read_bytes())
+    return root
+
+
+def encode(args, input=None):
+    result = RUN.invoke(app, ["encode", *map(str, args)], input=input)
+    return result
+
+
+def shard_tokens(out):
+    """{path: tokens} read with nothing but json and safetensors."""
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    tokens = {}
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        with safe_open(str(out / row["shard"]), framework="pt") as f:
+            offsets = f.get_tensor("item_offsets")
+            lo, hi = offsets[row["index"]].item(), offsets[row["index"] + 1].item()
+            tokens[row["path"]] = f.get_tensor("tokens")[lo:hi]
+    return rows, tokens
+
+
+BASE = ["--device", "cpu", "--dtype", "float32", "--out-dtype", "float32", "--frames", "4", "--json", "-q"]
+
+
+@pytest.fixture(scope="module")
+def run(media, ckpt_sharded, tmp_path_factory):
+    work = tmp_path_factory.mktemp("run")
+    good = work / "media"
+    shutil.copytree(media, good)
+    (good / "photos" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 100)
+    out = work / "out"
+    result = encode([good, "-o", out, "--model", ckpt_sharded, *BASE])
+    return good, out, result
+
+
+def test_encode_writes_what_transformers_computes(run, ref_sharded):
+    media, out, result = run
+    assert result.exit_code == 1, result.output  # one broken file
+    summary = json.loads(result.stdout)
+    assert summary["failed"] == 1 and summary["encoded"] == 12 and summary["skipped_not_media"] == 1
+    rows, tokens = shard_tokens(out)
+    paths = [r["path"] for r in rows]
+    assert len(paths) == len(set(paths)) == 13
+    assert not any(p.endswith((".hidden.jpg", "notes.txt")) for p in paths)
+    broken = next(r for r in rows if r["path"].endswith("broken.jpg"))
+    assert broken["status"] == "decode_error" and broken["error"] and broken["shard"] is None
+    for name in ("landscape.jpg", "panorama.jpg", "square.webp", "tall.png", "tiny.png", "cmyk.jpg"):
+        path = str(media / "photos" / name)
+        want = hf_image_features(ref_sharded, load_image(path))
+        assert close(tokens[path], want, 1e-4), name
+    for row in rows:
+        if row["kind"] == "video":
+            assert row["frames"] == 4 == len(row["frame_indices"]) == len(row["timestamps"])
+            assert row["tokens"] == sum(row["frame_tokens"]) == tokens[row["path"]].shape[0]
+            assert row["frame_indices"] == sorted(row["frame_indices"])
+
+
+def test_shard_layout_and_reader(run):
+    _, out, _ = run
+    rows, tokens = shard_tokens(out)
+    shard = next(r["shard"] for r in rows if r["shard"])
+    with safe_open(str(out / shard), framework="pt") as f:
+        meta = f.metadata()
+        assert meta["format_version"] == "1" and meta["out_dtype"] == "float32" and meta["image_soft_tokens"] == "280"
+        n = f.get_tensor("item_offsets").shape[0] - 1
+        assert f.get_tensor("pooled").shape[0] == n
+        assert f.get_tensor("frame_offsets")[-1] == f.get_tensor("tokens").shape[0]
+    emb = gemma4enc.open(out)
+    assert len(emb) == 12
+    video = next(r for r in rows if r["kind"] == "video")
+    frames = emb.frames(video["path"])
+    assert [f.shape[0] for f in frames] == video["frame_tokens"]
+    assert torch.equal(torch.cat(frames), tokens[video["path"]])
+    assert torch.allclose(emb.pooled(video["path"]), tokens[video["path"]].mean(0), atol=1e-6)
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
+
+
+def test_rerun_does_only_what_changed(run, ckpt_sharded):
+    media, out, _ = run
+    again = encode([media, "-o", out, "--model", ckpt_sharded, *BASE])
+    assert json.loads(again.stdout)["done_before"] == 13 and json.loads(again.stdout)["encoded"] == 0
+    other = encode([media, "-o", out, "--model", ckpt_sharded, *BASE[:-4], "--frames", "6", "-q"])
+    assert other.exit_code == 2 and "other settings" in other.output
+
+
+def test_bad_file_does_not_change_good_ones(run, media, ckpt_sharded, tmp_path):
+    _, out_with_bad, _ = run
+    clean = tmp_path / "clean"
+    result = encode([media, "-o", clean, "--model", ckpt_sharded, *BASE])
+    assert result.exit_code == 0, result.output
+    _, with_bad = shard_tokens(out_with_bad)
+    _, alone = shard_tokens(clean)
+    rename = lambda p: p.replace(str(out_with_bad.parent / "media"), str(media))  # noqa: E731
+    assert {rename(p) for p in with_bad} == set(alone)
+    for path, t in with_bad.items():
+        assert torch.equal(t, alone[rename(path)]), path
+
+
+def test_bucket_equals_serial_and_pack_is_close(media, ckpt_sharded, tmp_path):
+    got = {}
+    for mode in ("serial", "bucket", "pack"):
+        out = tmp_path / mode
+        assert encode([media / "photos", "-o", out, "--model", ckpt_sharded, "--batching", mode, *BASE]).exit_code == 0
+        got[mode] = shard_tokens(out)[1]
+    for path, serial in got["serial"].items():
+        assert torch.equal(got["bucket"][path], serial), path  # bit-identical
+        assert close(got["pack"][path], serial, 1e-5), path
+
+
+def test_files_from_stdin_and_globs(media, ckpt_sharded, tmp_path):
+    listing = f"{media / 'photos' / 'tiny.png'}\n{media / 'notes.txt'}\n"
+    result = encode(["--files-from", "-", "-o", tmp_path / "o", "--model", ckpt_sharded, *BASE], input=listing)
+    rows, _ = shard_tokens(tmp_path / "o")
+    assert {r["status"] for r in rows} == {"ok", "unsupported"} and result.exit_code == 1
+    result = encode([media, "--include", "*.png", "--exclude", "tall*", "-o", tmp_path / "g", "--model", ckpt_sharded,
+                     *BASE])
+    rows, _ = shard_tokens(tmp_path / "g")
+    names = sorted(r["path"].rsplit("/", 1)[1] for r in rows)
+    assert names == ["alpha.png", "deep.png", "gray.png", "portrait.png", "tiny.png"]
+
+
+def test_plan_and_inspect(run, media):
+    _, out, _ = run
+    plan = RUN.invoke(app, ["plan", str(media), "--json"])
+    report = json.loads(plan.stdout)
+    assert report["by_kind"] == {"image": 10, "video": 2} and report["tokens"] > 0
+    inspect = RUN.invoke(app, ["inspect", str(out), "--json"])
+    report = json.loads(inspect.stdout)
+    assert report["by_status"] == {"ok": 12, "decode_error": 1} and report["missing_shards"] == []
+
+
+def test_usage_errors_exit_2(media, ckpt_sharded, tmp_path):
+    for args in (["--max-soft-tokens", "100"], ["--video-backend", "opencv"], ["--shard-size", "lots"]):
+        result = encode([media, "-o", tmp_path / "x", "--model", ckpt_sharded, *args])
+        assert result.exit_code == 2, args
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = encode([media, "-o", blocker / "out", "--model", ckpt_sharded])
+    assert result.exit_code == 2 and "cannot write" in result.output
+
+
+def test_every_option_is_documented():
+    import click
+    import typer.main
+
+    readme = (__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text()
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        assert f"gemma4enc {name}" in readme, name
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert param.help, (name, param.name)
+                assert any(opt in readme for opt in param.opts), (name, param.opts)

@@ -1,0 +1,153 @@
+"""Decoding: images in every mode, and videos whose frames carry their own index."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gemma4enc.decode import DecodeError, Sampling, decode_image, decode_video
+from gemma4enc.demo import read_barcode, rotate_mp4, write_video
+
+MAX = 89_478_485
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    img = Image.new("RGB", (40, 20), (200, 10, 10))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise on display
+    img.save(tmp_path / "o.jpg", exif=exif)
+    assert decode_image(str(tmp_path / "o.jpg"), MAX).images[0].size == (20, 40)
+
+
+def test_16bit_is_scaled_not_clipped(tmp_path):
+    ramp = (np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16)  # 0 … 65520
+    Image.fromarray(ramp).save(tmp_path / "deep.png")
+    rgb = np.asarray(decode_image(str(tmp_path / "deep.png"), MAX).images[0])
+    assert rgb.shape == (64, 64, 3)
+    assert len(np.unique(rgb)) > 200 and rgb.max() == 255 and (rgb == 255).mean() < 0.01
+
+
+def test_transparency_is_composited_on_white(tmp_path):
+    rgba = Image.new("RGBA", (10, 10), (200, 0, 0, 0))  # fully transparent red
+    rgba.save(tmp_path / "a.png")
+    p = Image.new("P", (10, 10), 1)
+    p.putpalette([0, 0, 0, 200, 0, 0] + [0] * 762)
+    p.info["transparency"] = 1
+    p.save(tmp_path / "p.png", transparency=1)
+    la = Image.new("LA", (10, 10), (50, 0))
+    la.save(tmp_path / "la.png")
+    for name in ("a.png", "p.png", "la.png"):
+        rgb = np.asarray(decode_image(str(tmp_path / name), MAX).images[0])
+        assert (rgb == 255).all(), name
+
+
+def test_cmyk_and_gray_become_rgb(tmp_path):
+    Image.new("CMYK", (8, 8), (0, 255, 255, 0)).save(tmp_path / "c.jpg")
+    Image.new("L", (8, 8), 90).save(tmp_path / "g.png")
+    red = np.asarray(decode_image(str(tmp_path / "c.jpg"), MAX).images[0]).astype(int)
+    assert red[..., 0].min() > 200 and red[..., 1].max() < 60
+    assert np.asarray(decode_image(str(tmp_path / "g.png"), MAX).images[0]).shape == (8, 8, 3)
+
+
+def test_animated_gif_gives_its_first_frame(tmp_path):
+    frames = [Image.new("RGB", (16, 16), c) for c in [(255, 0, 0), (0, 255, 0), (0, 0, 255)]]
+    frames[0].save(tmp_path / "anim.gif", save_all=True, append_images=frames[1:], duration=50)
+    out = decode_image(str(tmp_path / "anim.gif"), MAX)
+    assert np.asarray(out.images[0])[0, 0].tolist() == [255, 0, 0]
+    assert out.info["source_frames"] == 3
+
+
+def test_bomb_and_truncation_are_errors(tmp_path):
+    Image.new("L", (400, 300)).save(tmp_path / "big.png")
+    with pytest.raises(DecodeError) as e:
+        decode_image(str(tmp_path / "big.png"), 100 * 100)
+    assert e.value.status == "too_large" and "--max-image-pixels" in str(e.value)
+    buf = io.BytesIO()
+    Image.new("RGB", (200, 200), (1, 2, 3)).save(buf, "JPEG")
+    (tmp_path / "cut.jpg").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    with warnings.catch_warnings():
+        with pytest.raises(DecodeError) as e:
+            decode_image(str(tmp_path / "cut.jpg"), MAX)
+    assert e.value.status == "decode_error" and "truncated" in str(e.value)
+    (tmp_path / "junk.jpg").write_bytes(b"<html>not an image</html>")
+    with pytest.raises(DecodeError) as e:
+        decode_image(str(tmp_path / "junk.jpg"), MAX)
+    assert e.value.status == "unsupported"
+
+
+def test_uniform_sampling_matches_the_video_processor():
+    assert Sampling(frames=4).indices(40) == [0, 10, 20, 30]
+    assert Sampling(frames=32).indices(10) == list(range(10))
+    times = np.arange(90) / 30.0
+    assert Sampling(frames=None, fps=2, max_frames=100).indices(90, times) == [0, 15, 30, 45, 60, 75]
+    assert len(Sampling(frames=None, fps=30, max_frames=8).indices(90, times)) == 8
+
+
+def _indices_read(frames, turn=0):
+    return [read_barcode(np.rot90(f, turn)) for f in frames.images]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clips")
+    write_video(d / "h264.mp4", frames=75)
+    write_video(d / "vp9.webm", frames=60, codec="libvpx-vp9")
+    write_video(d / "hevc.mp4", frames=75, codec="libx265")
+    write_video(d / "vfr.mp4", frames=60, durations_ms=[20, 20, 100, 50, 33])
+    write_video(d / "rot.mp4", frames=40)
+    rotate_mp4(d / "rot.mp4")
+    return d
+
+
+@pytest.mark.parametrize("name", ["h264.mp4", "vp9.webm", "hevc.mp4", "vfr.mp4"])
+@pytest.mark.parametrize("backend", ["auto", "pyav", "decord"])
+def test_sampled_frames_are_the_frames_they_claim(clips, name, backend):
+    if backend == "decord" and name == "hevc.mp4":
+        pytest.skip("decord is known to be off by one after HEVC seeks; auto avoids it")
+    frames = decode_video(str(clips / name), Sampling(frames=8), backend)
+    assert frames.indices == sorted(frames.indices) and len(frames.indices) == 8
+    assert _indices_read(frames) == frames.indices
+    assert frames.timestamps == sorted(frames.timestamps)
+
+
+def test_vfr_timestamps_follow_the_stream(clips):
+    frames = decode_video(str(clips / "vfr.mp4"), Sampling(frames=None, fps=4, max_frames=64), "pyav")
+    assert _indices_read(frames) == frames.indices
+    gaps = np.diff(frames.timestamps)
+    assert (gaps >= 0.2).all() and (gaps <= 0.35).all()  # ~1/4 s apart despite the uneven frames
+
+
+def test_rotated_video_is_turned_upright(clips):
+    for backend in ("auto", "pyav"):
+        frames = decode_video(str(clips / "rot.mp4"), Sampling(frames=5), backend)
+        assert frames.images[0].shape[:2] == (192, 144)  # portrait, as displayed
+        assert _indices_read(frames, turn=1) == frames.indices
+
+
+def test_broken_videos_are_decode_errors(tmp_path, clips):
+    data = (clips / "h264.mp4").read_bytes()
+    (tmp_path / "cut.mp4").write_bytes(data[: len(data) // 3])
+    (tmp_path / "noise.mp4").write_bytes(np.random.default_rng(0).bytes(5000))
+    for name in ("cut.mp4", "noise.mp4"):
+        with pytest.raises(DecodeError):
+            decode_video(str(tmp_path / name), Sampling(frames=4), "auto")
+
+
+def test_audio_only_file_is_reported(tmp_path):
+    import av
+
+    with av.open(str(tmp_path / "sound.mp4"), "w") as c:
+        s = c.add_stream("aac", rate=16000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+        frame.sample_rate = 16000
+        for p in s.encode(frame):
+            c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    with pytest.raises(DecodeError) as e:
+        decode_video(str(tmp_path / "sound.mp4"), Sampling(frames=4), "auto")
+    assert e.value.status == "no_video_stream"

@@ -1,0 +1,109 @@
+"""Every tower path against transformers' get_image_features / get_video_features, per item.
+
+Tolerances (max abs difference, outputs of magnitude ~4):
+  float32: 1e-4 × max|reference| (measured: ~3e-6 absolute; padding in the reference's batch
+           accounts for it — our calls carry no padding);
+  bfloat16: 0.08 × max|reference| (measured: random bf16 weights, see README).
+Packing vs serial: float32 1e-5 × scale (only the pooling sum order differs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+from gemma4enc.patches import patchify
+from gemma4enc.plan import Unit, batches
+from gemma4enc.tower import load_tower
+
+from .conftest import reference
+
+
+def hf_image_features(ref, image, budget=280):
+    feats = Gemma4ImageProcessorPil(max_soft_tokens=budget)(images=[image], return_tensors="pt")
+    dtype = ref.model.vision_tower.patch_embedder.input_proj.weight.dtype
+    with torch.no_grad():
+        out = ref.model.get_image_features(feats["pixel_values"].to(dtype), image_position_ids=feats["image_position_ids"])
+    return out.pooler_output[0].float()
+
+
+def close(a, b, rel):
+    scale = b.abs().max().item()
+    return (a.float() - b).abs().max().item() <= rel * scale
+
+
+@pytest.fixture(scope="module")
+def tower32(ckpt_sharded):
+    return load_tower(str(ckpt_sharded), "float32", "cpu")
+
+
+def test_patchify_equals_the_processor(photos):
+    proc = Gemma4ImageProcessorPil()
+    for image in photos:
+        feats = proc(images=[image], return_tensors="np")
+        mine = patchify(image, 280)
+        n = mine.n
+        assert (feats["image_position_ids"][0, n:] == -1).all() and (feats["image_position_ids"][0, :n] >= 0).all()
+        assert (feats["image_position_ids"][0, :n] == mine.positions).all()
+        assert (feats["pixel_values"][0, :n] == (mine.pixels.astype("float64") * (1 / 255)).astype("float32")).all()
+        assert feats["num_soft_tokens_per_image"][0] == mine.soft_tokens
+
+
+@pytest.mark.parametrize("path", ["serial", "bucket", "pack"])
+def test_float32_paths_match_get_image_features(tower32, ref_sharded, photos, path):
+    items = [patchify(im, 280) for im in photos] + [patchify(photos[0], 280)]  # a repeat: a real bucket
+    units = [Unit(i, 0, p) for i, p in enumerate(items)]
+    got = {}
+    for batch in batches(units, path, max_patches=8000):
+        for u, t in zip(batch, tower32.encode([u.patches for u in batch], pack=path == "pack")):
+            got[u.file] = t
+    assert len(got) == len(items)
+    for i, image in enumerate(photos):
+        want = hf_image_features(ref_sharded, image)
+        assert got[i].shape == want.shape
+        assert close(got[i], want, 1e-4), (path, image.size, (got[i] - want).abs().max())
+
+
+def test_bucket_is_bit_identical_to_serial(tower32, photos):
+    same = [patchify(photos[1], 280), patchify(photos[1].rotate(180), 280)]
+    stacked = tower32.encode(same)
+    for item, tokens in zip(same, stacked):
+        assert torch.equal(tower32.encode([item])[0], tokens)
+
+
+def test_pack_equals_serial_per_item(tower32, photos):
+    items = [patchify(im, budget) for im, budget in zip(photos, [70, 140, 280, 560, 70, 280, 1120, 280, 70])]
+    packed = tower32.encode(items, pack=True)
+    for item, tokens in zip(items, packed):
+        assert close(tokens, tower32.encode([item])[0], 1e-5)
+
+
+def test_bfloat16_matches_reference_in_bfloat16(ckpt_sharded, photos):
+    tower = load_tower(str(ckpt_sharded), "bfloat16", "cpu")
+    ref = reference(ckpt_sharded, torch.bfloat16)
+    items = [patchify(im, 280) for im in photos[:4]]
+    for pack in (False, True):
+        outs = tower.encode(items, pack=True) if pack else [tower.encode([i])[0] for i in items]
+        for image, tokens in zip(photos[:4], outs):
+            assert tokens.dtype == torch.bfloat16
+            assert close(tokens, hf_image_features(ref, image), 0.08)
+
+
+def test_video_frames_match_get_video_features(tower32, ref_sharded):
+    import numpy as np
+
+    from gemma4enc.demo import barcode_frame
+
+    frames = [barcode_frame(i, 320, 180) for i in range(0, 40, 5)]
+    proc = Gemma4ImageProcessorPil(max_soft_tokens=70)  # the video processor's per-frame budget
+    feats = proc(images=[f for f in frames], return_tensors="pt")
+    with torch.no_grad():
+        want = ref_sharded.model.get_video_features(
+            feats["pixel_values"], video_position_ids=feats["image_position_ids"],
+            num_frames_per_video=torch.tensor([len(frames)])).pooler_output[0]
+    items = [patchify(np.ascontiguousarray(f), 70) for f in frames]
+    for pack in (False, True):
+        got = torch.cat(tower32.encode(items, pack=pack))
+        assert got.shape == want.shape
+        assert close(got, want, 1e-4)
