@@ -23,7 +23,7 @@ test:
 	$(PY) -m pytest -q tests
 
 bench:
-	$(PY) -m gemma4enc bench --device cpu --layers 2 --json bench-out/bench.json
+	$(PY) -m gemma4enc bench --device cpu --layers 2 --items 12 --workload photos --workload video --workload mixed --json bench-out/bench.json
 
 demo:
 	$(PY) -m gemma4enc demo ./demo

@@ -223,6 +223,31 @@ def inspect(out: Annotated[Path, typer.Argument(help="An output folder of gemma4
 
 
 @app.command()
+def bench(
+    size: Annotated[str, typer.Option(help="Released tower size to imitate: e2b or 26b (random weights).")] = "e2b",
+    layers: Annotated[Optional[int], typer.Option(help="Use only N encoder layers (to fit a CPU's time).")] = None,
+    workload: Annotated[Optional[list[str]], typer.Option(help="photos, video or mixed (repeatable).")] = None,
+    items: Annotated[int, typer.Option(help="Items per workload (video: clips of 32 frames).")] = 24,
+    repeats: Annotated[int, typer.Option(help="Interleaved rounds; medians are reported.")] = 3,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    max_batch_patches: MaxPatches = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON here.")] = None,
+):
+    """Benchmark hf-padded, serial, bucket and pack side by side (items/s, patches/s, memory, MFU)."""
+    from .bench import bench as run_bench
+
+    try:
+        report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
+                           max_batch_patches, log=lambda s: typer.echo(s))
+    except UsageError as e:
+        fail(str(e))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2))
+
+
+@app.command()
 def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo checkpoint, media and output.")] = Path("demo")):
     """Run the real pipeline on generated media with a tiny random checkpoint (no hub needed)."""
     from .demo import make_demo

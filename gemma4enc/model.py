@@ -175,11 +175,7 @@ def load_modules(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device):
     Loading is strict: a dropped clip bound or std buffer would silently change the output
     (their defaults are ±inf and garbage).
     """
-    from transformers.models.gemma4.modeling_gemma4 import (
-        Gemma4MultimodalEmbedder,
-        Gemma4VisionModel,
-        Gemma4VisionRotaryEmbedding,
-    )
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
 
     vcfg, tcfg = ckpt.config.vision_config, ckpt.config.text_config
     vcfg._attn_implementation = "sdpa"  # sub-configs come back with None
@@ -191,10 +187,18 @@ def load_modules(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device):
             module.load_state_dict(read_tensors(ckpt, part), strict=True, assign=True)
         except RuntimeError as e:
             raise UsageError(f"{ckpt.name}: {part}* tensors do not match the config: {str(e).splitlines()[0]}") from None
-    # inv_freq is a non-persistent buffer, so not in the checkpoint (still on meta): build it
-    # after the cast, because transformers keeps it in float32 whatever the model's dtype
-    del vision.encoder.rotary_emb
+    del vision.encoder.rotary_emb  # still on meta: rebuilt by place()
+    return place(vision, embed, device, dtype)
+
+
+def place(vision, embed, device: torch.device, dtype: torch.dtype):
+    """Move to the device and dtype, inference only. RoPE's inv_freq (non-persistent, so never
+    in a checkpoint) is built after the cast: transformers keeps it in float32 in every dtype."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4VisionRotaryEmbedding
+
+    if hasattr(vision.encoder, "rotary_emb"):
+        del vision.encoder.rotary_emb
     vision = vision.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    vision.encoder.rotary_emb = Gemma4VisionRotaryEmbedding(vcfg, device=device)
     embed = embed.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    vision.encoder.rotary_emb = Gemma4VisionRotaryEmbedding(vision.config, device=device)
     return vision, embed

@@ -26,12 +26,14 @@ _UNIT = (torch.arange(256, dtype=torch.float64) * (1 / 255)).to(torch.float32)
 
 def _segment_sdpa(q, k, v, segments, scale, gqa):
     """Attention per item, one SDPA call each. q, k, v: (heads, N, head_dim) → (N, heads, head_dim)."""
-    out = torch.empty_like(q)
+    out = torch.empty((q.shape[1], q.shape[0], q.shape[2]), dtype=q.dtype, device=q.device)  # (N, heads, hd)
     for start, end in segments:
-        out[:, start:end] = F.scaled_dot_product_attention(
-            q[:, start:end], k[:, start:end], v[:, start:end], scale=scale, enable_gqa=gqa
-        )
-    return out.transpose(0, 1)
+        piece = F.scaled_dot_product_attention(
+            q[:, start:end].unsqueeze(0), k[:, start:end].unsqueeze(0), v[:, start:end].unsqueeze(0),
+            scale=scale, enable_gqa=gqa,
+        )  # (1, heads, n, hd)
+        out[start:end] = piece[0].transpose(0, 1)
+    return out
 
 
 def _flash_varlen(q, k, v, cu, max_len, scale, gqa):

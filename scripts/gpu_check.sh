@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# On a CUDA machine: GPU tests (bfloat16 parity on CUDA, pack vs serial) and the benchmark,
+# JSON into the folder given as $1. Sized to finish in well under 8 minutes on one GPU.
+#   bash scripts/gpu_check.sh gpu-out
+set -euo pipefail
+out=${1:?usage: gpu_check.sh OUTDIR}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.cuda.get_device_name())" | tee "$out/device.txt"
+timeout 240 "$PY" -m pytest -q -m cuda tests --junitxml="$out/gpu-tests.xml" 2>&1 | tail -5 | tee "$out/gpu-tests.txt"
+timeout 300 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 256 --repeats 3 \
+    --workload photos --workload video --workload mixed --json "$out/bench-e2b.json" | tee "$out/bench-e2b.txt"
