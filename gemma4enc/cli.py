@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -150,6 +151,7 @@ def encode(
     from .discover import discover
     from .runner import encode_files
 
+    signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
         options = _options(model=model, dtype=dtype, device=device, image_tokens=image_tokens,
                            video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
@@ -169,6 +171,10 @@ def encode(
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     raise typer.Exit(1 if report["failed"] else 0)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _log(message: str) -> None:

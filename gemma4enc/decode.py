@@ -214,6 +214,8 @@ def decode_video_decord(path: str, sampling: Sampling) -> Frames:
         batch = reader.get_batch(wanted).asnumpy()  # (F, H, W, 3) uint8
     except (RuntimeError, decord.DECORDError) as e:
         raise DecodeError("decode_error", f"decord: {str(e).splitlines()[0][:200]}") from None
+    if batch.ndim != 4 or batch.shape[-1] != 3:  # seen with rotated clips: let PyAV do it
+        raise DecodeError("decode_error", f"decord returned frames shaped {batch.shape}")
     info = {"backend": "decord", "total_frames": total, "fps": float(reader.get_avg_fps()),
             "duration": float(times[-1])}
     return Frames(images=list(batch), indices=list(wanted), timestamps=[round(float(times[i]), 6) for i in wanted],

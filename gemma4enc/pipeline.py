@@ -73,8 +73,8 @@ def prepare(item: Item, options: Options) -> Decoded:
         return Decoded(item, error=e)
     except FileNotFoundError:
         return Decoded(item, error=DecodeError("not_found", "the file vanished before it was decoded"))
-    except (OSError, ValueError, MemoryError) as e:
-        return Decoded(item, error=DecodeError("decode_error", f"{type(e).__name__}: {e}"))
+    except Exception as e:  # noqa: BLE001 - a decoder's surprise must cost one file, not the run
+        return Decoded(item, error=DecodeError("decode_error", f"{type(e).__name__}: {str(e)[:300]}"))
 
 
 def base_row(item: Item) -> dict:
