@@ -107,3 +107,41 @@ def test_video_frames_match_get_video_features(tower32, ref_sharded):
         got = torch.cat(tower32.encode(items, pack=pack))
         assert got.shape == want.shape
         assert close(got, want, 1e-4)
+
+
+def test_batched_pooling_equals_transformers_pooler(tower32, photos):
+    from gemma4enc.tower import pool_slots
+
+    items = [patchify(im, 280) for im in photos[:5]]
+    hidden = [torch.randn(p.n, tower32.hidden) for p in items]
+    slots, n_slots = pool_slots(items)
+    ours = tower32.pool_packed(torch.cat(hidden), slots, n_slots)
+    theirs = torch.cat([tower32.pool_stack(h[None], torch.from_numpy(p.positions)[None]) for h, p in zip(hidden, items)])
+    assert ours.shape == theirs.shape
+    assert (ours - theirs).abs().max() <= 1e-6 * theirs.abs().max()
+
+
+def test_out_of_memory_halves_the_batch_and_isolates_the_item():
+    from gemma4enc.patches import Patches
+    from gemma4enc.pipeline import Encoder
+
+    class FakeTower:
+        device = torch.device("cpu")
+        calls = []
+
+        def encode(self, items, pack=False):
+            self.calls.append(len(items))
+            if len(items) > 2 or any(p.n == 999 for p in items):
+                raise torch.OutOfMemoryError("fake")
+            return [torch.full((p.n // 9, 2), float(p.n)) for p in items]
+
+    def item(n):
+        return Patches(torch.zeros(n, 768, dtype=torch.uint8).numpy(), torch.zeros(n, 2, dtype=torch.long).numpy())
+
+    units = [Unit(i, 0, item(n)) for i, n in enumerate([18, 27, 36, 999, 45, 54, 63, 72])]
+    tower = FakeTower()
+    out, failed = Encoder(tower, "pack", 10_000).run(units)
+    assert failed.keys() == {3} and "out of memory" in failed[3]
+    assert sorted(f for f, _ in out) == [0, 1, 2, 4, 5, 6, 7]
+    for (f, _), t in out.items():
+        assert t.shape[0] == units[f].patches.n // 9
