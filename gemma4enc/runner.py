@@ -79,8 +79,6 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None) 
     todo = still_to_do(items, out)
     dtype = options.dtype
     if dtype == "auto":
-        import torch
-
         from .model import parse_device
 
         dtype = "bfloat16" if parse_device(options.device).type == "cuda" else "float32"

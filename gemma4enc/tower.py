@@ -87,10 +87,6 @@ class Batch:
     def lengths(self) -> list[int]:
         return [p.n for p in self.items]
 
-    @property
-    def patches(self) -> int:
-        return sum(self.lengths)
-
 
 class Tower:
     """The vision tower and projection of one checkpoint on one device."""
