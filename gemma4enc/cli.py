@@ -2,7 +2,8 @@
 
 stdout carries data (--json), stderr carries progress and messages.
 Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error
-· 130 interrupted (re-run to resume).
+· 3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted.
+After 1, 3, 4 and 130 the finished files are saved: a re-run resumes.
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ Exclude = Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip pa
 Hidden = Annotated[bool, typer.Option("--hidden", help="Also walk hidden files and folders.")]
 MaxPixels = Annotated[int, typer.Option("--max-image-pixels", help="Refuse images with more pixels (decompression bombs); 0 = no limit.")]
 Pooled = Annotated[bool, typer.Option("--pooled/--no-pooled", help="Also store each file's mean token.")]
+Workers = Annotated[Optional[int], typer.Option("--workers", help="Decode worker processes (default: CPU count - 1; 0 = decode in this process, no timeout).")]
+DecodeTimeout = Annotated[float, typer.Option("--decode-timeout", help="Seconds one file may take to decode before it is recorded as timeout; 0 = no limit.")]
+FlushSeconds = Annotated[float, typer.Option("--flush-seconds", help="Write a shard at least this often, so a kill loses little.")]
+Hash = Annotated[bool, typer.Option("--hash", help="Also compare files by content (sha256), not only size and mtime.")]
+RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Try again the files whose last row is a failure.")]
+MaxFailures = Annotated[Optional[int], typer.Option("--max-failures", help="Abort with exit code 3 once more files than this fail.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace what OUT holds (its shards, manifest, settings) instead of resuming.")]
 Json = Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or messages on stderr.")]
 
@@ -78,6 +86,9 @@ def _options(**kw):
         raise UsageError("--frames, --max-frames and --fps must be positive")
     if not 0 < kw["memory_fraction"] <= 1:
         raise UsageError("--memory-fraction must be in (0, 1]")
+    if (kw["workers"] or 0) < 0 or kw["decode_timeout"] < 0 or kw["flush_seconds"] < 0 or (kw["max_failures"] or 0) < 0:
+        raise UsageError("--workers, --decode-timeout, --flush-seconds and --max-failures cannot be negative")
+    kw["decode_timeout"] = kw["decode_timeout"] or None
     sampling = Sampling(frames=None if kw["fps"] else kw["frames"], fps=kw.pop("fps"), max_frames=kw.pop("max_frames"))
     kw.pop("frames")
     kw["shard_bytes"] = parse_size(kw.pop("shard_size"))
@@ -144,11 +155,20 @@ def encode(
     hidden: Hidden = False,
     max_image_pixels: MaxPixels = 89_478_485,
     pooled: Pooled = True,
+    workers: Workers = None,
+    decode_timeout: DecodeTimeout = 120.0,
+    flush_seconds: FlushSeconds = 60.0,
+    content_hash: Hash = False,
+    retry_failed: RetryFailed = False,
+    max_failures: MaxFailures = None,
+    overwrite: Overwrite = False,
     json_out: Json = False,
     quiet: Quiet = False,
 ):
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     from .discover import discover
+    from .errors import OutputError
+    from .pipeline import TooManyFailures
     from .runner import encode_files
 
     signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
@@ -157,13 +177,22 @@ def encode(
                            video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
                            video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
                            max_batch_patches=max_batch_patches, shard_size=shard_size, out_dtype=out_dtype,
-                           max_image_pixels=max_image_pixels, pooled=pooled)
+                           max_image_pixels=max_image_pixels, pooled=pooled, workers=workers,
+                           decode_timeout=decode_timeout, flush_seconds=flush_seconds, hash=content_hash,
+                           retry_failed=retry_failed, max_failures=max_failures)
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
-        report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet), log=None if quiet else _log)
+        report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet), log=None if quiet else _log,
+                              overwrite=overwrite)
     except UsageError as e:
         fail(str(e))
+    except TooManyFailures as e:
+        typer.echo(f"gemma4enc: aborted: {e}; finished files are saved (see {out / 'manifest.jsonl'})", err=True)
+        raise typer.Exit(3)
+    except OutputError as e:
+        typer.echo(f"gemma4enc: error: {e}", err=True)
+        raise typer.Exit(4)
     except KeyboardInterrupt:
         typer.echo("gemma4enc: interrupted; finished files are saved, re-run to resume", err=True)
         raise typer.Exit(130)
@@ -229,6 +258,28 @@ def inspect(out: Annotated[Path, typer.Argument(help="An output folder of gemma4
 
 
 @app.command()
+def verify(out: Annotated[Path, typer.Argument(help="An output folder of gemma4enc encode.")], json_out: Json = False):
+    """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
+    from .verify import verify as check
+
+    try:
+        report = check(out)
+    except UsageError as e:
+        fail(str(e))
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(f"{report['out']}: {report['files']} files, {report['encoded']} encoded in {report['shards']} "
+                   f"shards, {report['tokens_checked']:,} tokens checked")
+        for line in report["problems"]:
+            typer.echo(f"problem: {line}")
+        for line in report["warnings"]:
+            typer.echo(f"warning: {line}")
+        typer.echo("ok" if report["ok"] else f"{len(report['problems'])} problem(s)")
+    raise typer.Exit(0 if report["ok"] else 1)
+
+
+@app.command()
 def bench(
     size: Annotated[str, typer.Option(help="Released tower size to imitate: e2b or 26b (random weights).")] = "e2b",
     layers: Annotated[Optional[int], typer.Option(help="Use only N encoder layers (to fit a CPU's time).")] = None,
@@ -264,7 +315,8 @@ def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo chec
            image_tokens=280, video_tokens=70, frames=8, fps=None, max_frames=32, video_backend="auto",
            batching="auto", memory_fraction=0.7, max_batch_patches=None, shard_size="1GB", out_dtype="float32",
            files_from=None, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,
-           json_out=True, quiet=False)
+           workers=None, decode_timeout=120.0, flush_seconds=60.0, content_hash=False, retry_failed=False, max_failures=None,
+           overwrite=False, json_out=True, quiet=False)
 
 
 def main() -> None:

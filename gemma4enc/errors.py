@@ -1,8 +1,12 @@
-"""Errors that end a run before it starts (exit code 2) and the per-file error classes."""
+"""Errors that end a run: before it starts (exit code 2) or when its output cannot be written (4)."""
 
 
 class UsageError(Exception):
     """A bad flag, model, device or output folder: one line for the user, exit code 2."""
+
+
+class OutputError(Exception):
+    """The output folder stopped taking writes mid-run (disk full, permissions): exit code 4."""
 
 
 def first_lines(messages: list[str], limit: int = 3) -> str:

@@ -39,6 +39,18 @@ class Options:
     max_image_pixels: int | None = 89_478_485
     # also store the mean token of each file
     pooled: bool = True
+    # decode worker processes (None: from the CPU count; 0: decode in the main process, no timeout)
+    workers: int | None = None
+    # seconds one file may take to decode before its worker is killed (None: no limit)
+    decode_timeout: float | None = 120.0
+    # write a shard at least this often (seconds), so a kill loses little finished work
+    flush_seconds: float = 60.0
+    # also compare files by content (sha256), not only size + mtime
+    hash: bool = False
+    # re-try files whose last row is a failure
+    retry_failed: bool = False
+    # abort (exit 3) once more files than this have failed in this run (None: never)
+    max_failures: int | None = None
 
     def fingerprint(self) -> dict:
         """The settings that change what is written: a re-run must match them."""

@@ -10,15 +10,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from .decode import DecodeError, Frames, decode
 from .discover import Item
 from .options import Options
-from .patches import Patches, patchify
 from .plan import Unit, batches
 from .shards import ShardWriter
+from .workers import Decoded, DecodePool
 
 
 @dataclass
@@ -48,56 +46,26 @@ class Progress:
         pass
 
 
-@dataclass
-class Decoded:
-    item: Item
-    frames: Frames | None = None
-    patches: list[Patches] = field(default_factory=list)
-    error: DecodeError | None = None
-
-
-def prepare(item: Item, options: Options) -> Decoded:
-    """Decode + patchify one file; any failure is caught and kept with the file."""
-    if item.error:
-        status = "not_found" if "not found" in item.error or "symlink" in item.error else "unreadable"
-        return Decoded(item, error=DecodeError(status, item.error))
-    if item.kind == "unknown":
-        return Decoded(item, error=DecodeError("unsupported", "not an image or video format we know"))
-    if item.size == 0:
-        return Decoded(item, error=DecodeError("empty", "the file is empty (0 bytes)"))
-    try:
-        frames = decode(item.path, item.kind, options.sampling, options.video_backend, options.max_image_pixels)
-        budget = options.image_tokens if item.kind == "image" else options.video_tokens
-        return Decoded(item, frames, [patchify(image, budget) for image in frames.images])
-    except DecodeError as e:
-        return Decoded(item, error=e)
-    except FileNotFoundError:
-        return Decoded(item, error=DecodeError("not_found", "the file vanished before it was decoded"))
-    except Exception as e:  # noqa: BLE001 - a decoder's surprise must cost one file, not the run
-        return Decoded(item, error=DecodeError("decode_error", f"{type(e).__name__}: {str(e)[:300]}"))
-
-
 def base_row(item: Item) -> dict:
     return {"path": item.path, "kind": item.kind, "size": item.size, "mtime_ns": item.mtime_ns}
 
 
 def ok_row(d: Decoded, frames: list[torch.Tensor]) -> dict:
-    info, first = d.frames.info, d.frames.images[0]
-    height, width = first.shape[:2] if isinstance(first, np.ndarray) else (first.height, first.width)
     row = base_row(d.item) | {
         "status": "ok", "error": None, "shard": None, "index": None,
         "tokens": sum(f.shape[0] for f in frames), "frames": len(frames),
-        "frame_tokens": [f.shape[0] for f in frames], "width": int(width), "height": int(height),
+        "frame_tokens": [f.shape[0] for f in frames], "width": d.width, "height": d.height, **d.video,
     }
-    if d.item.kind == "video":
-        row |= {"frame_indices": d.frames.indices, "timestamps": d.frames.timestamps,
-                **{k: info[k] for k in ("fps", "duration", "total_frames", "backend") if k in info}}
-    return row
+    return row | ({"sha256": d.sha256} if d.sha256 else {})
 
 
 def failed_row(item: Item, status: str, message: str) -> dict:
     return base_row(item) | {"status": status, "error": message, "shard": None, "index": None,
                              "tokens": 0, "frames": 0}
+
+
+class TooManyFailures(Exception):
+    """--max-failures was exceeded: the run stops after saving what it finished (exit 3)."""
 
 
 class Encoder:
@@ -142,27 +110,31 @@ def run(items: list[Item], tower, options: Options, writer: ShardWriter, mode: s
     summary, start = Summary(), time.perf_counter()
     window: list[Decoded] = []
     size = 0
-    for item in items:
-        d = prepare(item, options)
-        window.append(d)
-        size += sum(p.n for p in d.patches)
-        if size >= window_patches:
-            _finish(window, encoder, writer, summary, progress)
-            window, size = [], 0
-    _finish(window, encoder, writer, summary, progress)
+    pool = DecodePool(options, options.workers, options.decode_timeout)
+    decoded = pool.map(items)
+    try:
+        for d in decoded:
+            window.append(d)
+            size += sum(p.n for p in d.patches)
+            if size >= window_patches:
+                _finish(window, encoder, writer, summary, progress, options)
+                window, size = [], 0
+        _finish(window, encoder, writer, summary, progress, options)
+    finally:
+        decoded.close()  # stops the workers, whatever ended the loop
     writer.flush()
     summary.seconds = time.perf_counter() - start
     return summary
 
 
 def _finish(window: list[Decoded], encoder: Encoder, writer: ShardWriter, summary: Summary,
-            progress: Progress) -> None:
+            progress: Progress, options: Options) -> None:
     units = [Unit(i, f, p) for i, d in enumerate(window) for f, p in enumerate(d.patches)]
     tokens, oom = encoder.run(units)
     for i, d in enumerate(window):
-        if d.error is not None:
-            writer.add(failed_row(d.item, d.error.status, str(d.error)))
-            summary.count(d.error.status)
+        if d.status != "ok":
+            writer.add(failed_row(d.item, d.status, d.error))
+            summary.count(d.status)
         elif i in oom:
             writer.add(failed_row(d.item, "oom", oom[i]))
             summary.count("oom")
@@ -175,3 +147,6 @@ def _finish(window: list[Decoded], encoder: Encoder, writer: ShardWriter, summar
         n = sum(p.n for p in d.patches)
         summary.patches += n
         progress.advance(1, n)
+    if options.max_failures is not None and summary.failed > options.max_failures:
+        writer.flush()
+        raise TooManyFailures(f"{summary.failed} files failed, more than --max-failures {options.max_failures}")

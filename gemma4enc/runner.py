@@ -1,4 +1,4 @@
-"""One local run: preflight (output folder, settings, model), what is left to do, then the pipeline.
+"""One local run: lock and preflight the output folder, load the model, what is left to do, the pipeline.
 
 Also the read-only reports behind `plan` and `inspect`.
 """
@@ -15,42 +15,8 @@ from . import __version__
 from .discover import Item
 from .errors import UsageError, first_lines
 from .options import Options
-from .shards import MANIFEST, SHARD_RE, OUT_DTYPES, ShardWriter, atomic_write, read_manifest
-
-SETTINGS = "settings.json"
-
-
-def prepare_out(out: Path, options: Options) -> None:
-    """Create OUT, prove it writable, and refuse settings that differ from its earlier runs."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
-    path = out / SETTINGS
-    mine = json.loads(json.dumps(options.fingerprint()))
-    if path.exists():
-        theirs = json.loads(path.read_text())
-        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        if changed:
-            detail = ", ".join(f"{k}: {theirs.get(k)!r} → {mine.get(k)!r}" for k in changed)
-            raise UsageError(f"{out} was made with other settings ({detail}); use another --out")
-    else:
-        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
-
-
-def still_to_do(items: list[Item], out: Path) -> list[Item]:
-    """Files without a row for their current size and mtime."""
-    rows = read_manifest(out)
-    todo = []
-    for item in items:
-        row = rows.get(item.path)
-        if row is None or row.get("size") != item.size or row.get("mtime_ns") != item.mtime_ns:
-            todo.append(item)
-    return todo
-
+from .outdir import SETTINGS, Lock, describe, prepare_out, still_to_do
+from .shards import MANIFEST, OUT_DTYPES, SHARD_RE, ShardWriter, read_manifest
 
 def metadata(options: Options, tower) -> dict[str, str]:
     """Shard header: everything a reader needs to know what the numbers are."""
@@ -68,38 +34,47 @@ def metadata(options: Options, tower) -> dict[str, str]:
     }
 
 
-def encode_files(items: list[Item], out: Path, options: Options, bar, log=None) -> dict:
-    """The whole local run; returns the summary that --json prints."""
+def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False) -> dict:
+    """The whole local run, under OUT's lock; returns the summary that --json prints."""
     from .pipeline import run
     from .plan import budget_patches, resolve_batching
     from .tower import load_tower
 
     out = Path(out)
-    prepare_out(out, options)
-    todo = still_to_do(items, out)
-    dtype = options.dtype
-    if dtype == "auto":
-        from .model import parse_device
+    log = log or (lambda message: None)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
+    with Lock(out) as lock:
+        if lock.previous:
+            log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
+        for note in prepare_out(out, options, overwrite):
+            log(note)
+        todo = still_to_do(items, out, options)
+        dtype = options.dtype
+        if dtype == "auto":
+            from .model import parse_device
 
-        dtype = "bfloat16" if parse_device(options.device).type == "cuda" else "float32"
-    tower = load_tower(options.model, dtype, options.device)
-    mode = resolve_batching(options.batching, tower.device)
-    max_patches = budget_patches(tower, options, mode) if todo else 0
-    if log:
+            dtype = "bfloat16" if parse_device(options.device).type == "cuda" else "float32"
+        tower = load_tower(options.model, dtype, options.device)
+        mode = resolve_batching(options.batching, tower.device)
+        max_patches = budget_patches(tower, options, mode) if todo else 0
         log(f"{len(items)} files, {len(items) - len(todo)} already done; {tower.device}, {dtype}, "
             f"batching {mode}, ≤{max_patches} patches per call")
-    writer = ShardWriter(out, options.out_dtype, metadata(options, tower), options.shard_bytes, options.pooled)
-    progress = bar(len(todo))
-    try:
-        summary = run(todo, tower, options, writer, mode, max_patches, progress)
-    except KeyboardInterrupt:
-        writer.flush()  # keep what is finished
-        raise
-    finally:
-        progress.close()
+        writer = ShardWriter(out, options.out_dtype, metadata(options, tower), options.shard_bytes, options.pooled,
+                             options.flush_seconds)
+        progress = bar(len(todo))
+        try:
+            summary = run(todo, tower, options, writer, mode, max_patches, progress)
+        except KeyboardInterrupt:
+            writer.flush()  # keep what is finished
+            raise
+        finally:
+            progress.close()
     rows = read_manifest(out)
     failures = [f"{Path(r['path']).name}: {r['status']}" for i in todo if (r := rows.get(i.path)) and r["status"] != "ok"]
-    if failures and log:
+    if failures:
         log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
     return {
         "out": str(out), "files": len(items), "done_before": len(items) - len(todo), "encoded": summary.ok,

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from .errors import OutputError
 
 FORMAT_VERSION = "1"
 MANIFEST = "manifest.jsonl"
@@ -37,18 +39,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def atomic_write(path: Path, write) -> None:
     """write(tmp_path), then fsync and rename into place: readers never see half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # safetensors writes 0600; others may need to read the shards
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder went unwritable; the next run's cleanup removes it
 
 
 @dataclass
@@ -63,10 +72,10 @@ class ShardWriter:
     """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows."""
 
     def __init__(self, out: Path, out_dtype: str, metadata: dict[str, str], shard_bytes: int = 1 << 30,
-                 pooled: bool = True):
+                 pooled: bool = True, flush_seconds: float = 60.0):
         self.out, self.dtype = Path(out), OUT_DTYPES[out_dtype]
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
-        self.shard_bytes, self.pooled = shard_bytes, pooled
+        self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds
         self.out.mkdir(parents=True, exist_ok=True)
         self.next_shard = 1 + max((int(m.group(1)) for p in self.out.iterdir() if (m := SHARD_RE.match(p.name))),
                                   default=-1)
@@ -79,20 +88,26 @@ class ShardWriter:
         item = Pending(row, [f.to("cpu", self.dtype) for f in frames or []])
         self.pending.append(item)
         self.bytes += sum(f.numel() * f.element_size() for f in item.frames)
-        if self.bytes >= self.shard_bytes:
+        # by size, or by time: a kill must not cost more than a minute or so of finished files
+        if self.bytes >= self.shard_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush()
 
     def flush(self) -> None:
         """Write the shard (if any file has tokens), then append every pending row."""
         ok = [p for p in self.pending if p.frames]
-        if ok:
-            name = f"shard-{self.next_shard:06d}.safetensors"
-            tensors = self._stack(ok)
-            atomic_write(self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata))
-            self.next_shard += 1
-            for index, p in enumerate(ok):
-                p.row.update(shard=name, index=index)
-        append_rows(self.out, [p.row for p in self.pending])
+        name = f"shard-{self.next_shard:06d}.safetensors"
+        try:
+            if ok:
+                tensors = self._stack(ok)
+                atomic_write(self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata))
+                self.next_shard += 1
+                for index, p in enumerate(ok):
+                    p.row.update(shard=name, index=index)
+            append_rows(self.out, [p.row for p in self.pending])
+        except (OSError, SafetensorError) as e:
+            what = f"{name} or {MANIFEST}" if ok else MANIFEST
+            raise OutputError(f"cannot write {what} in {self.out}: {e.strerror or e}; the files finished "
+                              "before are saved, re-run to resume once it is writable") from None
         self.pending, self.bytes, self.last_flush = [], 0, time.monotonic()
 
     def _stack(self, ok: list[Pending]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,192 @@
+"""The output folder's housekeeping: one run at a time, settings that must match, what is left to do.
+
+Before a run, under the lock: the folder is proved writable, its settings compared, and what a
+killed run left behind is cleared (a torn last manifest line, temp files, shards no row names),
+so that every shard the manifest names is complete and nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from .discover import Item
+from .errors import UsageError
+from .options import Options
+from .shards import MANIFEST, SHARD_RE, append_rows, atomic_write, read_manifest
+
+SETTINGS = "settings.json"
+LOCK = "gemma4enc.lock"
+TEMP_SUFFIX = ".tmp"
+
+
+class Lock:
+    """An flock on OUT/gemma4enc.lock, which says who holds it (pid, host, start time).
+
+    The kernel drops the flock when its process dies, however it dies, so a stale lock file
+    of a killed run is simply taken over. Where the filesystem has no flock, the pid decides.
+    """
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / LOCK
+        self.fd: int | None = None
+        self.previous: dict | None = None  # a stale holder we took over from
+
+    def acquire(self) -> Lock:
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_json(fd)
+                os.close(fd)
+                raise UsageError(f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)}); "
+                                 "wait for it to finish or stop it") from None
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    os.close(fd)
+                    raise
+                holder = _read_json(fd)  # no flock here: trust a live pid on this host
+                if holder and holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
+                    os.close(fd)
+                    raise UsageError(f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)})")
+            if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                break
+            os.close(fd)  # the holder unlinked it as we opened it: lock the new file instead
+        self.previous = _read_json(fd) or None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.unlink(self.path)  # before unlocking, so a waiter re-checks the inode and retries
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> Lock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_json(fd: int) -> dict:
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+
+
+def describe(holder: dict) -> str:
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError) as e:
+        return isinstance(e, PermissionError)
+    return True
+
+
+def ours(out: Path) -> list[Path]:
+    """Everything gemma4enc writes in OUT (and only that: --overwrite removes these)."""
+    return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS)
+            or (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))]
+
+
+def prepare_out(out: Path, options: Options, overwrite: bool = False) -> list[str]:
+    """Prove OUT writable, check or write its settings, clear a killed run's leftovers.
+
+    Call with the lock held. Returns notes for the log (what was cleaned up).
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}{TEMP_SUFFIX}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
+    notes = []
+    path = out / SETTINGS
+    mine = json.loads(json.dumps(options.fingerprint()))
+    if overwrite:
+        removed = [p for p in ours(out) if p.name != SETTINGS]
+        (out / MANIFEST).unlink(missing_ok=True)  # first: without it the shards are orphans, never half-used
+        for p in removed:
+            p.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+        if removed:
+            notes.append(f"--overwrite: removed {len(removed)} earlier output files")
+    if path.exists():
+        theirs = json.loads(path.read_text())
+        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if changed:
+            detail = ", ".join(f"{k}: {theirs.get(k)!r} → {mine.get(k)!r}" for k in changed)
+            raise UsageError(f"{out} was made with other settings ({detail}); use another --out, "
+                             "or --overwrite to replace its contents")
+    else:
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
+    return notes + repair(out)
+
+
+def repair(out: Path) -> list[str]:
+    """Undo what a kill can leave: a torn last manifest line, temp files, shards no row names."""
+    notes = []
+    manifest = out / MANIFEST
+    if manifest.exists():
+        data = manifest.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(manifest, "rb+") as f:  # the next append must start on a line of its own
+                f.truncate(data.rfind(b"\n") + 1)
+                os.fsync(f.fileno())
+            notes.append("dropped a torn last line of the manifest (its file will be encoded again)")
+    temps = [p for p in out.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)]
+    for p in temps:
+        p.unlink(missing_ok=True)
+    named = {r.get("shard") for r in read_manifest(out).values()}  # shards only older rows name are dead too
+    orphans = [p for p in out.iterdir() if SHARD_RE.match(p.name) and p.name not in named]
+    for p in orphans:
+        p.unlink(missing_ok=True)
+    if temps or orphans:
+        notes.append(f"removed {len(temps)} temp file(s) and {len(orphans)} shard(s) of an interrupted run")
+    return notes
+
+
+def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
+    """Files without a row for their current content: new, changed, or failed with --retry-failed.
+
+    Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
+    only touched (same sha256) keeps its tokens and gets a refreshed row instead of a re-encode.
+    """
+    from .workers import sha256
+
+    rows = read_manifest(out)
+    todo, refreshed = [], []
+    for item in items:
+        row = rows.get(item.path)
+        if row is None or row.get("size") != item.size or (options.retry_failed and row["status"] != "ok"):
+            todo.append(item)
+        elif options.hash and row["status"] == "ok" and not item.error:
+            try:
+                digest = sha256(item.path)
+            except OSError:
+                todo.append(item)  # let decode say why it cannot be read
+                continue
+            if digest != row.get("sha256"):
+                todo.append(item)
+            elif row.get("mtime_ns") != item.mtime_ns:
+                refreshed.append(row | {"mtime_ns": item.mtime_ns})
+        elif row.get("mtime_ns") != item.mtime_ns:
+            todo.append(item)
+    append_rows(out, refreshed)
+    return todo

@@ -1,0 +1,138 @@
+"""`gemma4enc verify OUT`: every shard the manifest names, read and checked against its rows.
+
+Problems (exit 1): a named shard missing or unreadable, a header or tensor that disagrees
+with the format or the rows (counts, offsets, dtype, width), non-finite values, an ok row
+without a shard. Warnings (exit 0): what an interrupted run leaves and the next run clears —
+shards no row names, temp files, a torn last manifest line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .errors import UsageError
+from .outdir import SETTINGS, TEMP_SUFFIX
+from .shards import MANIFEST, SHARD_RE, read_manifest
+
+CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stays small for 1 GB shards
+OFFSETS = ("item_offsets", "frame_offsets", "item_frames")
+
+
+def verify(out: Path) -> dict:
+    out = Path(out)
+    if not (out / MANIFEST).exists():
+        raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
+    problems: list[str] = []
+    warnings: list[str] = []
+    torn = _unreadable_lines(out / MANIFEST)
+    if torn:
+        warnings.append(f"{MANIFEST}: {torn} unreadable line(s) (a killed run's; their files are encoded again)")
+    rows = read_manifest(out)
+    by_shard: dict[str, list[dict]] = defaultdict(list)
+    for row in rows.values():
+        if row["status"] == "ok":
+            if not row.get("shard") or row.get("index") is None:
+                problems.append(f"{row['path']}: status ok but no shard/index")
+            else:
+                by_shard[row["shard"]].append(row)
+    on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
+    missing = sorted(set(by_shard) - on_disk)
+    orphans = sorted(on_disk - set(by_shard))
+    problems += [f"{name}: named by {len(by_shard[name])} row(s) but missing" for name in missing]
+    if orphans:
+        warnings.append(f"{len(orphans)} shard(s) no row names (the next encode removes them): {orphans[:5]}")
+    temps = sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))
+    if temps:
+        warnings.append(f"{len(temps)} temp file(s) of an interrupted write: {temps[:5]}")
+    settings = json.loads((out / SETTINGS).read_text()) if (out / SETTINGS).exists() else {}
+    tokens = 0
+    for name in sorted(set(by_shard) & on_disk):
+        found, n = check_shard(out / name, by_shard[name], settings)
+        problems += [f"{name}: {p}" for p in found]
+        tokens += n
+    return {
+        "out": str(out), "ok": not problems, "files": len(rows),
+        "encoded": sum(len(v) for v in by_shard.values()), "shards": len(on_disk),
+        "tokens_checked": tokens, "missing_shards": missing, "orphan_shards": orphans,
+        "problems": problems, "warnings": warnings,
+    }
+
+
+def _unreadable_lines(path: Path) -> int:
+    bad = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                json.loads(line)
+            except ValueError:
+                bad += 1
+    return bad
+
+
+def check_shard(path: Path, rows: list[dict], settings: dict) -> tuple[list[str], int]:
+    """(problems, tokens read) for one shard and the rows that point into it."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return _check_open(f, rows, settings)
+    except Exception as e:  # noqa: BLE001 - a header safetensors cannot parse is the finding
+        return [f"unreadable: {type(e).__name__}: {str(e)[:200]}"], 0
+
+
+def _check_open(f, rows: list[dict], settings: dict) -> tuple[list[str], int]:
+    meta = f.metadata() or {}
+    keys = set(f.keys())
+    need = {"tokens", *OFFSETS}
+    if not need <= keys:
+        return [f"tensors {sorted(need - keys)} are missing"], 0
+    problems = []
+    out_dtype = meta.get("out_dtype") or settings.get("out_dtype")
+    t = f.get_slice("tokens")
+    dtype = str(t.get_dtype()).lower()
+    want = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(out_dtype or "", None)
+    if want and dtype != want:
+        problems.append(f"tokens are {dtype}, the header says {out_dtype}")
+    shape = t.get_shape()
+    if len(shape) != 2:
+        return problems + [f"tokens have shape {shape}, want [T, D]"], 0
+    total, width = shape
+    if meta.get("hidden_size") and int(meta["hidden_size"]) != width:
+        problems.append(f"tokens are {width} wide, the header says hidden_size {meta['hidden_size']}")
+    off = {k: f.get_tensor(k) for k in OFFSETS}
+    for k, v in off.items():
+        if v.dtype != torch.int64 or v.ndim != 1 or len(v) < 1 or v[0] != 0 or bool((v[1:] < v[:-1]).any()):
+            return problems + [f"{k} is not a non-decreasing int64 vector from 0"], 0
+    items, frames = off["item_offsets"], off["frame_offsets"]
+    n = len(items) - 1
+    if items[-1] != total or frames[-1] != total:
+        problems.append(f"offsets end at {items[-1]}/{frames[-1]}, tokens have {total} rows")
+    if len(off["item_frames"]) != n + 1 or off["item_frames"][-1] != len(frames) - 1:
+        return problems + ["item_frames does not cover frame_offsets"], 0
+    if not torch.equal(frames[off["item_frames"]], items):
+        problems.append("item_offsets disagree with frame_offsets[item_frames]")
+    if "pooled" in keys and list(f.get_slice("pooled").get_shape()) != [n, width]:
+        problems.append(f"pooled has shape {f.get_slice('pooled').get_shape()}, want [{n}, {width}]")
+    seen: set[int] = set()
+    for row in rows:
+        i = row["index"]
+        if not 0 <= i < n or i in seen:
+            problems.append(f"{row['path']}: index {i} is out of range or used twice")
+            continue
+        seen.add(i)
+        a, b = off["item_frames"][i].item(), off["item_frames"][i + 1].item()
+        sizes = (frames[a + 1: b + 1] - frames[a:b]).tolist()
+        if (items[i + 1] - items[i]).item() != row.get("tokens") or b - a != row.get("frames") or (
+                "frame_tokens" in row and sizes != row["frame_tokens"]):
+            problems.append(f"{row['path']}: the row says {row.get('tokens')} tokens in {row.get('frames')} "
+                            f"frames, the shard holds {(items[i + 1] - items[i]).item()} in {b - a}")
+    for lo in range(0, total, CHUNK_ROWS):
+        chunk = t[lo: min(total, lo + CHUNK_ROWS)]
+        if not bool(torch.isfinite(chunk).all()):
+            bad = (~torch.isfinite(chunk).all(1)).nonzero()[0].item() + lo
+            problems.append(f"non-finite values in tokens, first at row {bad}")
+            break
+    return problems, total

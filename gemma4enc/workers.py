@@ -1,0 +1,269 @@
+"""Decode + patchify in worker processes, each file under a timeout.
+
+The tower's process only encodes; workers turn files into uint8 patches ahead of it. A file
+whose decoder hangs past the timeout, or kills its worker, costs that file only: the worker is
+replaced and the file gets a row saying why. Results come back in input order and at most
+`ahead` files are in flight or waiting, so host memory stays flat however large the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from .decode import DecodeError, decode
+from .discover import Item
+from .options import Options
+from .patches import Patches, patchify
+
+
+@dataclass
+class Decoded:
+    """One file made ready for the tower, or the reason it cannot be (status + error)."""
+
+    item: Item
+    patches: list[Patches] = field(default_factory=list)  # one per image / sampled frame
+    width: int = 0  # decoded size, after orientation
+    height: int = 0
+    video: dict = field(default_factory=dict)  # frame_indices, timestamps and stream facts
+    sha256: str | None = None
+    status: str = "ok"
+    error: str | None = None
+
+
+def prepare(item: Item, options: Options) -> Decoded:
+    """Decode + patchify one file; every failure is caught and kept with the file."""
+    if item.error:
+        status = "not_found" if "not found" in item.error or "symlink" in item.error else "unreadable"
+        return Decoded(item, status=status, error=item.error)
+    if item.kind == "unknown":
+        return Decoded(item, status="unsupported", error="not an image or video format we know")
+    if item.size == 0:
+        return Decoded(item, status="empty", error="the file is empty (0 bytes)")
+    try:
+        digest = sha256(item.path) if options.hash else None
+        frames = decode(item.path, item.kind, options.sampling, options.video_backend, options.max_image_pixels)
+        budget = options.image_tokens if item.kind == "image" else options.video_tokens
+        first = frames.images[0]
+        height, width = first.shape[:2] if isinstance(first, np.ndarray) else (first.height, first.width)
+        video = {}
+        if item.kind == "video":
+            video = {"frame_indices": frames.indices, "timestamps": frames.timestamps,
+                     **{k: frames.info[k] for k in ("fps", "duration", "total_frames", "backend") if k in frames.info}}
+        patches = [patchify(image, budget) for image in frames.images]
+        return Decoded(item, patches, int(width), int(height), video, digest)
+    except DecodeError as e:
+        return Decoded(item, status=e.status, error=str(e))
+    except FileNotFoundError:
+        return Decoded(item, status="not_found", error="the file vanished before it was decoded")
+    except PermissionError as e:
+        return Decoded(item, status="unreadable", error=f"cannot read: {e.strerror or e}")
+    except MemoryError:
+        return Decoded(item, status="too_large", error="decoding it ran out of host memory")
+    except Exception as e:  # noqa: BLE001 - a decoder's surprise must cost one file, not the run
+        return Decoded(item, status="decode_error", error=f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def default_workers() -> int:
+    """One core stays with the process that feeds the accelerator."""
+    return max(1, min(16, (os.cpu_count() or 2) - 1))
+
+
+def _serve(conn, fn: Callable, options: Options) -> None:
+    """A worker's loop: (seq, item) in, (seq, Decoded) out, until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and SIGTERM are the parent's to handle;
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # it kills its workers on the way out
+    _die_with_parent()
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        seq, item = task
+        try:
+            result = fn(item, options)
+        except Exception as e:  # noqa: BLE001
+            result = Decoded(item, status="decode_error", error=f"{type(e).__name__}: {str(e)[:300]}")
+        conn.send((seq, result))
+
+
+def _die_with_parent() -> None:
+    """Linux: a worker stuck in a decoder must not outlive a killed run."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _context():
+    # forkserver: workers fork from a clean process that never ran torch threads or our
+    # manager thread, and have the decoders imported once; a replacement starts in milliseconds
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["gemma4enc.workers"])
+    return ctx
+
+
+class _Worker:
+    def __init__(self, ctx, fn: Callable, options: Options):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, fn, options), daemon=True, name="gemma4enc-decode")
+        self.proc.start()
+        child.close()
+        self.task: tuple[int, Item] | None = None
+        self.deadline = float("inf")
+
+    def give(self, seq: int, item: Item, timeout: float | None) -> None:
+        self.task = (seq, item)
+        self.deadline = time.monotonic() + timeout if timeout else float("inf")
+        self.conn.send((seq, item))
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+
+class DecodePool:
+    """`pool.map(items)` yields one Decoded per item, in order; workers=0 decodes in-process."""
+
+    def __init__(self, options: Options, workers: int | None = None, timeout: float | None = None,
+                 ahead: int | None = None, fn: Callable[[Item, Options], Decoded] = prepare):
+        self.options, self.fn = options, fn
+        self.workers = default_workers() if workers is None else workers
+        self.timeout = timeout
+        self.ahead = ahead or max(8 * self.workers, 64)
+        self.replaced = 0  # workers killed for a timeout or found dead
+
+    def map(self, items: Iterable[Item]) -> Iterator[Decoded]:
+        if self.workers == 0:
+            yield from (self.fn(item, self.options) for item in items)
+            return
+        run = _Run(self, iter(items))
+        try:
+            yield from run.ordered()
+        finally:
+            run.stop()
+
+
+class _Run:
+    """One map(): a manager thread feeds workers and collects results; the caller takes them in order."""
+
+    def __init__(self, pool: DecodePool, items: Iterator[Item]):
+        self.pool, self.items = pool, items
+        self.ctx = _context()
+        self.workers: list[_Worker] = []
+        self.done: dict[int, Decoded] = {}
+        self.cond = threading.Condition()
+        self.submitted = self.taken = 0
+        self.exhausted = self.stopping = False
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._manage, name="gemma4enc-decode-manager", daemon=True)
+        self.thread.start()
+
+    def ordered(self) -> Iterator[Decoded]:
+        while True:
+            with self.cond:
+                while self.taken not in self.done and not self.failure and not (
+                        self.exhausted and self.taken >= self.submitted):
+                    self.cond.wait(1.0)
+                if self.failure:
+                    raise self.failure
+                if self.taken not in self.done:
+                    return  # every item has been yielded
+                result = self.done.pop(self.taken)
+                self.taken += 1
+            yield result
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.thread.join()
+        for w in self.workers:
+            w.kill()
+
+    def _manage(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            with self.cond:
+                self.failure = e
+                self.cond.notify_all()
+
+    def _loop(self) -> None:
+        pool = self.pool
+        self.workers = [_Worker(self.ctx, pool.fn, pool.options) for _ in range(pool.workers)]
+        while not self.stopping:
+            self._feed()
+            busy = [w for w in self.workers if w.task]
+            if not busy:
+                if self.exhausted:
+                    return
+                time.sleep(0.02)  # waiting for the caller to take results (the `ahead` bound)
+                continue
+            now = time.monotonic()
+            wait_s = min(0.1, max(0.0, min(w.deadline for w in busy) - now))
+            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=wait_s)
+            for w in busy:
+                if w.conn in ready or w.proc.sentinel in ready:
+                    self._collect(w)
+                elif time.monotonic() > w.deadline:
+                    self._replace(w, "timeout", f"decoding took longer than {pool.timeout:g} s "
+                                                "(--decode-timeout); its worker was stopped")
+
+    def _feed(self) -> None:
+        for w in self.workers:
+            if self.exhausted or self.stopping:
+                return
+            if w.task is None and self.submitted - self.taken < self.pool.ahead:
+                item = next(self.items, None)
+                if item is None:
+                    with self.cond:
+                        self.exhausted = True
+                        self.cond.notify_all()
+                    return
+                w.give(self.submitted, item, self.pool.timeout)
+                self.submitted += 1
+
+    def _collect(self, w: _Worker) -> None:
+        try:
+            if w.conn.poll():
+                seq, result = w.conn.recv()
+                w.task, w.deadline = None, float("inf")
+                self._put(seq, result)
+                return
+        except (EOFError, OSError):
+            pass
+        w.proc.join(1)
+        code = w.proc.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        self._replace(w, "decode_error", f"the decoder crashed on this file ({how}); its worker was replaced")
+
+    def _replace(self, w: _Worker, status: str, message: str) -> None:
+        seq, item = w.task
+        w.kill()
+        self.pool.replaced += 1
+        self.workers[self.workers.index(w)] = _Worker(self.ctx, self.pool.fn, self.pool.options)
+        self._put(seq, Decoded(item, status=status, error=message))
+
+    def _put(self, seq: int, result: Decoded) -> None:
+        with self.cond:
+            self.done[seq] = result
+            self.cond.notify_all()
