@@ -171,7 +171,7 @@ def encode(
     from .pipeline import TooManyFailures
     from .runner import encode_files
 
-    signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
         options = _options(model=model, dtype=dtype, device=device, image_tokens=image_tokens,
                            video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
@@ -196,6 +196,8 @@ def encode(
     except KeyboardInterrupt:
         typer.echo("gemma4enc: interrupted; finished files are saved, re-run to resume", err=True)
         raise typer.Exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # the work is saved; a late SIGTERM just ends us
     report["skipped_not_media"] = skipped
     if json_out:
         typer.echo(json.dumps(report, indent=2))

@@ -102,6 +102,8 @@ def decode_image(path: str, max_pixels: int | None) -> Frames:
         if looks_like_image:
             raise DecodeError("decode_error", "corrupt image: its header is unreadable") from None
         raise DecodeError("unsupported", "the content is not an image format Pillow reads") from None
+    except (FileNotFoundError, PermissionError):
+        raise  # the caller says these in its own words
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated, corrupt, bad header
         raise DecodeError("decode_error", f"{type(e).__name__}: {e}") from None
     info = {"width": rgb.width, "height": rgb.height, "source_frames": frames}

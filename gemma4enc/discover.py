@@ -59,8 +59,8 @@ def look(path: str) -> Item:
     """stat + sniff one path; failures become an Item with `error`, never an exception."""
     try:
         st = os.stat(path)
-        if not os.path.isfile(path):
-            return Item(path, "unknown", 0, 0, error="not a regular file")
+        if not os.path.isfile(path):  # a FIFO or device is never opened: reading one could hang
+            return Item(path, _ext_kind(path), 0, 0, error="not a regular file")
         with open(path, "rb") as f:
             head = f.read(SNIFF_BYTES)
     except FileNotFoundError:

@@ -147,6 +147,6 @@ def _finish(window: list[Decoded], encoder: Encoder, writer: ShardWriter, summar
         n = sum(p.n for p in d.patches)
         summary.patches += n
         progress.advance(1, n)
-    if options.max_failures is not None and summary.failed > options.max_failures:
-        writer.flush()
-        raise TooManyFailures(f"{summary.failed} files failed, more than --max-failures {options.max_failures}")
+        if options.max_failures is not None and summary.failed > options.max_failures:
+            writer.flush()  # the rest of the window is not recorded: a re-run does it
+            raise TooManyFailures(f"{summary.failed} files failed, more than --max-failures {options.max_failures}")

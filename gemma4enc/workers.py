@@ -42,8 +42,9 @@ class Decoded:
 
 def prepare(item: Item, options: Options) -> Decoded:
     """Decode + patchify one file; every failure is caught and kept with the file."""
-    if item.error:
-        status = "not_found" if "not found" in item.error or "symlink" in item.error else "unreadable"
+    if item.error:  # discovery could not even look at it
+        status = ("not_found" if "not found" in item.error or "symlink" in item.error
+                  else "unsupported" if "not a regular file" in item.error else "unreadable")
         return Decoded(item, status=status, error=item.error)
     if item.kind == "unknown":
         return Decoded(item, status="unsupported", error="not an image or video format we know")
@@ -62,6 +63,8 @@ def prepare(item: Item, options: Options) -> Decoded:
         patches = [patchify(image, budget) for image in frames.images]
         return Decoded(item, patches, int(width), int(height), video, digest)
     except DecodeError as e:
+        if not os.path.exists(item.path):  # decoders word a vanished file as a corrupt one
+            return Decoded(item, status="not_found", error="the file vanished before it was decoded")
         return Decoded(item, status=e.status, error=str(e))
     except FileNotFoundError:
         return Decoded(item, status="not_found", error="the file vanished before it was decoded")

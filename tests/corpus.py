@@ -1,0 +1,89 @@
+"""Broken, hostile and odd inputs, made on the spot, with the status each must get."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from gemma4enc.demo import write_video
+
+from .conftest import photo
+
+
+def good_media(root: Path) -> Path:
+    """A few valid photos and clips: what the bad files sit beside."""
+    root.mkdir(parents=True, exist_ok=True)
+    for i, (h, w) in enumerate([(240, 320), (200, 200), (90, 400), (300, 120)]):
+        photo(h, w, seed=i).save(root / f"photo{i}.jpg", quality=92)
+    photo(64, 48, seed=9).save(root / "small.png")
+    write_video(root / "clip.mp4", frames=24)
+    return root
+
+
+def png_bomb(width: int, height: int) -> bytes:
+    """A few hundred bytes whose header claims width × height pixels."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * (width + 1) * 4))
+            + chunk(b"IEND", b""))
+
+
+def audio_only_mp4(path: Path) -> None:
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("aac", rate=16000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+        frame.sample_rate = 16000
+        for p in [*s.encode(frame), *s.encode()]:
+            c.mux(p)
+
+
+def bad_media(root: Path, good: Path) -> dict[str, str | None]:
+    """Write the corpus into root; return file name → expected status (None: no row, a folder)."""
+    root.mkdir(parents=True, exist_ok=True)
+    jpeg, png = io.BytesIO(), io.BytesIO()
+    photo(200, 300).save(jpeg, "JPEG")
+    photo(200, 300).save(png, "PNG")
+    mp4 = (good / "clip.mp4").read_bytes()
+    noise = np.random.default_rng(0)
+    files = {
+        "zero.jpg": b"",
+        "cut.jpg": jpeg.getvalue()[: len(jpeg.getvalue()) // 2],
+        "cut.png": png.getvalue()[: len(png.getvalue()) // 2],
+        "cut.mp4": mp4[: len(mp4) // 2],
+        "noise.jpg": noise.bytes(5000),
+        "noise.mp4": noise.bytes(5000),
+        "page.jpg": b"<!doctype html><html><body>Not found</body></html>",
+        "bomb.png": png_bomb(100_000, 100_000),
+    }
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    (root / "folder.jpg").mkdir()
+    (root / "gone.png").symlink_to(root / "nowhere.png")
+    (root / "loop.jpg").symlink_to(root / "loop.jpg")
+    os.mkfifo(root / "pipe.jpg")  # opening it would block forever
+    audio_only_mp4(root / "sound.mp4")
+    Image.new("RGB", (1, 1), (200, 10, 10)).save(root / "dot.png")
+    Image.new("RGB", (20000, 1), (10, 200, 10)).save(root / "sliver.png")
+    Image.fromarray((np.arange(96 * 64).reshape(64, 96) * 10).astype(np.uint16)).save(root / "deep.png")
+    Image.new("CMYK", (120, 90), (10, 200, 30, 0)).save(root / "cmyk.jpg")
+    frames = [Image.new("RGB", (40, 30), c) for c in ((255, 0, 0), (0, 255, 0))]
+    frames[0].save(root / "anim.gif", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    shutil.copy(good / "photo0.jpg", root / "photo-named.mp4")  # a JPEG with a video's name
+    return {
+        "zero.jpg": "empty", "cut.jpg": "decode_error", "cut.png": "decode_error", "cut.mp4": "decode_error",
+        "noise.jpg": "unsupported", "noise.mp4": "decode_error", "page.jpg": "unsupported",
+        "bomb.png": "too_large", "folder.jpg": None, "gone.png": "not_found", "loop.jpg": "unreadable",
+        "pipe.jpg": "unsupported", "sound.mp4": "no_video_stream", "dot.png": "ok", "sliver.png": "ok",
+        "deep.png": "ok", "cmyk.jpg": "ok", "anim.gif": "ok", "photo-named.mp4": "ok",
+    }

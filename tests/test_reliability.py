@@ -1,0 +1,340 @@
+"""Never lose a file: bad input, resume after kill -9, the lock, write failures, verify."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from gemma4enc.cli import app
+from gemma4enc.discover import discover
+from gemma4enc.options import Options
+from gemma4enc.runner import encode_files
+
+from .corpus import bad_media, good_media
+from .test_cli import BASE, encode, shard_tokens
+
+RUN = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return good_media(tmp_path_factory.mktemp("good") / "media")
+
+
+@pytest.fixture(scope="module")
+def clean(good, ckpt, tmp_path_factory):
+    """Tokens of a run over the good files only: what every other run must reproduce."""
+    out = tmp_path_factory.mktemp("clean") / "out"
+    result = encode([good, "-o", out, "--model", ckpt, *BASE])
+    assert result.exit_code == 0, result.output
+    return {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
+
+
+def by_name(out: Path) -> dict[str, dict]:
+    lines = (out / "manifest.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    names = [Path(r["path"]).name for r in rows]
+    assert len(names) == len(set(names)), "a file has two rows"
+    return dict(zip(names, rows))
+
+
+def verify(out: Path) -> dict:
+    result = RUN.invoke(app, ["verify", str(out), "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == (0 if report["ok"] else 1)
+    return report
+
+
+def test_bad_inputs_get_their_rows_and_leave_good_files_alone(good, clean, ckpt, tmp_path):
+    media = tmp_path / "media"
+    shutil.copytree(good, media)
+    expected = bad_media(media / "bad", good)
+    assert len(expected) >= 15
+    result = encode([media, "-o", tmp_path / "out", "--model", ckpt, "--decode-timeout", "60", *BASE])
+    assert result.exit_code == 1, result.output
+    rows = by_name(tmp_path / "out")
+    for name, status in expected.items():
+        if status is None:
+            assert name not in rows, name  # a folder named like a photo is walked, not a file
+        else:
+            assert rows[name]["status"] == status, (name, rows[name])
+            assert status == "ok" or len(rows[name]["error"]) > 10, name
+    assert rows["sliver.png"]["width"] == 20000 and rows["dot.png"]["tokens"] > 0
+    tokens = {Path(p).name: t for p, t in shard_tokens(tmp_path / "out")[1].items()}
+    for name, want in clean.items():
+        assert torch.equal(tokens[name], want), name  # bit for bit, bad neighbours or not
+    assert verify(tmp_path / "out")["ok"]
+    summary = json.loads(result.stdout)
+    assert summary["failed"] == sum(1 for s in expected.values() if s not in (None, "ok"))
+
+
+def test_max_failures_aborts_with_exit_3_and_resumes(good, ckpt, tmp_path):
+    media = tmp_path / "media"
+    shutil.copytree(good, media)
+    for name in ("a1.jpg", "a2.jpg", "a3.jpg"):  # sorted first
+        (media / name).write_bytes(b"")
+    out = tmp_path / "out"
+    result = encode([media, "-o", out, "--model", ckpt, "--max-failures", "1", *BASE])
+    assert result.exit_code == 3 and "--max-failures" in result.output
+    assert set(by_name(out)) == {"a1.jpg", "a2.jpg"}  # stopped at the second failure, both recorded
+    result = encode([media, "-o", out, "--model", ckpt, *BASE])
+    assert result.exit_code == 1
+    rows = by_name(out)
+    assert len(rows) == 9 and sum(r["status"] == "ok" for r in rows.values()) == 6
+
+
+def test_retry_failed_and_decode_timeout(good, clean, ckpt, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    from .conftest import photo
+
+    for i in range(2):
+        photo(2400, 3200, seed=i).save(media / f"big{i}.png")  # a fraction of a second to decode
+    shutil.copy(good / "photo1.jpg", media)
+    out = tmp_path / "out"
+    result = encode([media, "-o", out, "--model", ckpt, "--decode-timeout", "0.001", *BASE])
+    assert result.exit_code == 1
+    rows = by_name(out)
+    assert rows["big0.png"]["status"] == rows["big1.png"]["status"] == "timeout"
+    again = encode([media, "-o", out, "--model", ckpt, *BASE])
+    assert json.loads(again.stdout)["encoded"] == 0  # failures are not retried by default
+    again = encode([media, "-o", out, "--model", ckpt, "--retry-failed", *BASE])
+    assert again.exit_code == 0 and json.loads(again.stdout)["encoded"] == 3 - len(
+        [r for r in rows.values() if r["status"] == "ok"])
+    tokens = {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
+    assert set(tokens) == {"big0.png", "big1.png", "photo1.jpg"}
+    assert torch.equal(tokens["photo1.jpg"], clean["photo1.jpg"])
+
+
+def test_hash_sees_content_not_touches(good, ckpt, tmp_path):
+    media = tmp_path / "media"
+    shutil.copytree(good, media)
+    out = tmp_path / "out"
+    args = [media, "-o", out, "--model", ckpt, *BASE]
+    assert encode([*args, "--hash"]).exit_code == 0
+    import hashlib
+
+    row = by_name(out)["small.png"]
+    assert row["sha256"] == hashlib.sha256((media / "small.png").read_bytes()).hexdigest()
+    os.utime(media / "small.png", ns=(row["mtime_ns"] + 10**9, row["mtime_ns"] + 10**9))  # touched only
+    touched = encode([*args, "--hash"])
+    assert json.loads(touched.stdout)["encoded"] == 0
+    assert json.loads((out / "manifest.jsonl").read_text().splitlines()[-1])["mtime_ns"] == row["mtime_ns"] + 10**9
+    path = media / "photo2.jpg"  # same size, same mtime, other content
+    st, data = path.stat(), bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert json.loads(encode(args).stdout)["encoded"] == 0  # size + mtime cannot see it
+    assert json.loads(encode([*args, "--hash"]).stdout)["encoded"] == 1
+
+
+def test_overwrite_is_needed_to_change_settings(good, ckpt, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert encode([good, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    other = [good, "-o", out, "--model", ckpt, *BASE[:-4], "--frames", "6", "--json", "-q"]
+    refused = encode(other)
+    assert refused.exit_code == 2 and "--overwrite" in refused.output and "frames" in refused.output
+    shards_before = sorted(out.glob("shard-*"))
+    result = encode([*other, "--overwrite"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["encoded"] == 6
+    assert json.loads((out / "settings.json").read_text())["sampling"]["frames"] == 6
+    assert by_name(out)["clip.mp4"]["frames"] == 6
+    assert (out / "notes.txt").read_text() == "mine"  # only our files are removed
+    assert verify(out)["ok"] and len(sorted(out.glob("shard-*"))) <= len(shards_before)
+
+
+def test_one_run_per_folder_and_stale_locks(good, ckpt, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = ("import sys, time; from pathlib import Path; from gemma4enc.outdir import Lock; "
+            "Lock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        busy = encode([good, "-o", out, "--model", ckpt, *BASE])
+        assert busy.exit_code == 2 and f"pid {holder.pid}" in busy.output and "in use" in busy.output
+    finally:
+        holder.kill()  # dies holding it: the lock file stays, the flock goes
+        holder.wait()
+    assert json.loads((out / "gemma4enc.lock").read_text())["pid"] == holder.pid
+    result = RUN.invoke(app, ["encode", str(good), "-o", str(out), "--model", str(ckpt), *BASE[:-1]])
+    assert result.exit_code == 0 and "took over the lock" in result.output
+    assert not (out / "gemma4enc.lock").exists()
+
+
+def test_a_file_that_vanishes_before_decode(good, ckpt, tmp_path):
+    media = tmp_path / "media"
+    shutil.copytree(good, media)
+    items, _ = discover([str(media)])
+    (media / "photo3.jpg").unlink()
+    options = Options(model=str(ckpt), dtype="float32", device="cpu", out_dtype="float32")
+    report = encode_files(items, tmp_path / "out", options, bar=lambda n: _NoBar())
+    rows = by_name(tmp_path / "out")
+    assert rows["photo3.jpg"]["status"] == "not_found" and report["failed"] == 1 and report["encoded"] == 5
+
+
+class _NoBar:
+    def advance(self, files, patches):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_unreadable_file_is_recorded(tmp_path):
+    """Root reads anything, so the check drops to an unprivileged user in a child process."""
+    folder = tmp_path / "open"
+    folder.mkdir()
+    folder.chmod(0o755)
+    tmp_path.chmod(0o755)
+    secret = folder / "secret.jpg"
+    secret.write_bytes(b"\xff\xd8\xff" + b"\0" * 100)
+    secret.chmod(0)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: look at the file as nobody, report the row's status
+        os.close(read)
+        status = "?"
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            from gemma4enc.discover import look
+            from gemma4enc.workers import prepare
+
+            d = prepare(look(str(secret)), Options())
+            status = f"{d.status}|{d.error}"
+        finally:
+            os.write(write, status.encode())
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    status, error = os.read(read, 4096).decode().split("|", 1)
+    assert status == "unreadable" and "Permission denied" in error
+
+
+def test_write_failure_exits_4_and_a_rerun_completes(good, clean, ckpt, tmp_path, monkeypatch):
+    import gemma4enc.shards as shards
+
+    calls = {"n": 0}
+    real = shards.save_file
+
+    def disk_fills(tensors, path, metadata=None):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            Path(path).write_bytes(b"partial")  # half a shard, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(shards, "save_file", disk_fills)
+    out = tmp_path / "out"
+    args = [good, "-o", out, "--model", ckpt, "--shard-size", "1", *BASE]
+    result = encode(args)
+    assert result.exit_code == 4 and "No space left on device" in result.output
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]  # no partial shard anywhere
+    report = verify(out)
+    assert report["ok"] and report["encoded"] == 2
+    monkeypatch.setattr(shards, "save_file", real)
+    assert encode(args).exit_code == 0
+    tokens = {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
+    assert tokens.keys() == clean.keys() and all(torch.equal(tokens[k], clean[k]) for k in clean)
+
+
+def test_verify_finds_what_is_wrong(good, ckpt, tmp_path):
+    out = tmp_path / "out"
+    assert encode([good, "-o", out, "--model", ckpt, "--shard-size", "1", *BASE]).exit_code == 0
+    report = verify(out)
+    assert report["ok"] and report["encoded"] == 6 and report["shards"] == 6 and not report["warnings"]
+    shards = sorted(out.glob("shard-*.safetensors"))
+    shutil.copy(shards[0], out / "shard-000099.safetensors")  # an orphan: a warning only
+    assert verify(out)["ok"] and verify(out)["orphan_shards"] == ["shard-000099.safetensors"]
+    tensors = load_file(shards[1])
+    tensors["tokens"][3, 1] = float("nan")
+    save_file(tensors, shards[1], metadata={"format_version": "1", "out_dtype": "float32"})
+    shards[2].write_bytes(shards[2].read_bytes()[:100])  # truncated
+    shards[3].unlink()
+    lines = (out / "manifest.jsonl").read_text().splitlines()
+    row = json.loads(lines[4])
+    lines[4] = json.dumps(row | {"tokens": row["tokens"] + 1})
+    (out / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    report = verify(out)
+    text = "\n".join(report["problems"])
+    assert not report["ok"] and report["missing_shards"] == [shards[3].name]
+    assert "non-finite" in text and "unreadable" in text and "the row says" in text
+    result = RUN.invoke(app, ["verify", str(out)])
+    assert result.exit_code == 1 and "problem" in result.output
+
+
+def _cli(*args) -> list[str]:
+    return [sys.executable, "-m", "gemma4enc", "encode", *map(str, args)]
+
+
+def test_kill_9_at_random_moments_then_resume(good, clean, ckpt, tmp_path):
+    """Ten kill -9s at random moments, then a run to the end: nothing lost, doubled or changed."""
+    media = tmp_path / "media"
+    shutil.copytree(good, media)
+    for i in range(6):  # more files, more moments to be killed at
+        shutil.copy(good / f"photo{i % 4}.jpg", media / f"copy{i}.jpg")
+    args = [media, "--model", ckpt, *BASE[:-2], "--shard-size", "1", "--workers", "1", "-q"]
+    start = time.monotonic()
+    subprocess.run(_cli(*args, "-o", tmp_path / "ref"), check=True, capture_output=True)
+    whole = time.monotonic() - start
+    want = {Path(p).name: t for p, t in shard_tokens(tmp_path / "ref")[1].items()}
+    out, rng, killed = tmp_path / "out", random.Random(4), 0
+    for _ in range(10):
+        proc = subprocess.Popen(_cli(*args, "-o", out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.2, 1.0) * whole)
+        killed += proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if (out / "manifest.jsonl").exists():
+            by_name(out)  # never a file twice, even mid-way
+            assert not verify(out)["problems"]
+    assert killed >= 5  # most trials really were cut short
+    subprocess.run(_cli(*args, "-o", out), check=True, capture_output=True)
+    rows = by_name(out)
+    assert len(rows) == len(want) and all(r["status"] == "ok" for r in rows.values())
+    report = verify(out)
+    assert report["ok"] and not report["warnings"]
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == "gemma4enc.lock"]
+    got = {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_sigterm_saves_what_is_finished_and_exits_130(good, ckpt, tmp_path):
+    from .conftest import photo
+
+    media = tmp_path / "media"
+    media.mkdir()
+    photo(1200, 1600).save(media / "p00.png")
+    for i in range(1, 40):  # long enough to be stopped half way
+        shutil.copy(media / "p00.png", media / f"p{i:02d}.png")
+    out = tmp_path / "out"
+    args = [media, "--model", ckpt, *BASE[:-2], "--shard-size", "1", "--workers", "1", "-q", "-o", out]
+    proc = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "manifest.jsonl").exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    code, err = proc.wait(60), proc.stderr.read()
+    assert code == 130 and "re-run to resume" in err, (code, err)
+    done = len(by_name(out))
+    assert 1 <= done < 40 and verify(out)["ok"]
+    assert subprocess.run(_cli(*args)).returncode == 0
+    assert len(by_name(out)) == 40
