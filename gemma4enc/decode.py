@@ -83,6 +83,18 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB") if mode != "RGB" else image
 
 
+def _register_heif() -> None:
+    try:
+        from pillow_heif import register_heif_opener
+
+        register_heif_opener()
+    except ImportError:  # HEIC files then get an `unsupported` row
+        pass
+
+
+_register_heif()
+
+
 def decode_image(path: str, max_pixels: int | None) -> Frames:
     """First frame of the file, EXIF-oriented, as RGB; bombs and truncation are errors."""
     Image.MAX_IMAGE_PIXELS = max_pixels
@@ -113,13 +125,17 @@ def decode_image(path: str, max_pixels: int | None) -> Frames:
 # ---- videos ---------------------------------------------------------------------------------
 
 
+def _same(frame):
+    return frame
+
+
 def _apply_rotation(array: np.ndarray, degrees: int) -> np.ndarray:
     """PyAV reports a display rotation (counter-clockwise degrees) that it does not apply."""
     turns = (int(degrees) // 90) % 4
     return np.ascontiguousarray(np.rot90(array, k=turns)) if turns else array
 
 
-def decode_video_pyav(path: str, sampling: Sampling) -> Frames:
+def decode_video_pyav(path: str, sampling: Sampling, transform=_same) -> Frames:
     """Index the stream by demuxing, then decode forward, seeking only past keyframes.
 
     Frame n is the n-th frame in presentation (pts) order. Packets are decoded one by one so
@@ -144,19 +160,20 @@ def decode_video_pyav(path: str, sampling: Sampling) -> Frames:
         base = stream.start_time if stream.start_time is not None else int(order[0])
         times = (order - base) * float(stream.time_base)
         wanted = sampling.indices(len(order), times)
-        got = _pyav_frames(container, stream, order, sorted(keyframes), wanted)
+        size: list[tuple[int, int]] = []
+        got = _pyav_frames(container, stream, order, sorted(keyframes), wanted, transform, size)
     if not got:
         raise DecodeError("decode_error", "no sampled frame could be decoded")
     indices = sorted(got)
     info = {"backend": "pyav", "codec": stream.codec_context.name, "total_frames": len(order),
             "fps": float(stream.average_rate or 0), "duration": float(times[-1]),
-            "missing_frames": len(wanted) - len(indices)}
+            "missing_frames": len(wanted) - len(indices), "height": size[0][0], "width": size[0][1]}
     return Frames(images=[got[i] for i in indices], indices=indices,
                   timestamps=[round(float(times[i]), 6) for i in indices], info=info)
 
 
-def _pyav_frames(container, stream, order, keyframes, wanted) -> dict[int, np.ndarray]:
-    """Frame number -> RGB array for each wanted frame that decodes."""
+def _pyav_frames(container, stream, order, keyframes, wanted, transform, size) -> dict[int, object]:
+    """Frame number -> transform(RGB array) for each wanted frame that decodes; size gets (h, w)."""
     index_of = {int(p): i for i, p in enumerate(order)}
     pending = deque(int(order[i]) for i in wanted)  # target pts, rising
     got: dict[int, np.ndarray] = {}
@@ -171,7 +188,9 @@ def _pyav_frames(container, stream, order, keyframes, wanted) -> dict[int, np.nd
             while pending and pending[0] < position:  # its packet was corrupt: lost
                 pending.popleft()
             if pending and pending[0] == position:
-                got[index_of[position]] = _apply_rotation(frame.to_ndarray(format="rgb24"), frame.rotation)
+                rgb = _apply_rotation(frame.to_ndarray(format="rgb24"), frame.rotation)
+                size.append(rgb.shape[:2])
+                got[index_of[position]] = transform(rgb)  # one full-size frame in memory at a time
                 pending.popleft()
             if not pending or _keyframe_before(keyframes, pending[0]) > position:
                 break
@@ -199,7 +218,7 @@ def _decoded(container, stream):
                 yield frame
 
 
-def decode_video_decord(path: str, sampling: Sampling) -> Frames:
+def decode_video_decord(path: str, sampling: Sampling, transform=_same) -> Frames:
     import decord
 
     decord.logging.set_level(decord.logging.QUIET)
@@ -212,57 +231,75 @@ def decode_video_decord(path: str, sampling: Sampling) -> Frames:
         raise DecodeError("empty", "the video stream has no frames")
     times = reader.get_frame_timestamp(np.arange(total))[:, 0]
     wanted = sampling.indices(total, times)
-    try:
-        batch = reader.get_batch(wanted).asnumpy()  # (F, H, W, 3) uint8
-    except (RuntimeError, decord.DECORDError) as e:
-        raise DecodeError("decode_error", f"decord: {str(e).splitlines()[0][:200]}") from None
-    if batch.ndim != 4 or batch.shape[-1] != 3:  # seen with rotated clips: let PyAV do it
-        raise DecodeError("decode_error", f"decord returned frames shaped {batch.shape}")
+    images = []
+    for at in range(0, len(wanted), DECORD_CHUNK):
+        try:
+            batch = reader.get_batch(wanted[at: at + DECORD_CHUNK]).asnumpy()  # (F, H, W, 3) uint8
+        except (RuntimeError, decord.DECORDError) as e:
+            raise DecodeError("decode_error", f"decord: {str(e).splitlines()[0][:200]}") from None
+        if batch.ndim != 4 or batch.shape[-1] != 3:  # seen with rotated clips: let PyAV do it
+            raise DecodeError("decode_error", f"decord returned frames shaped {batch.shape}")
+        images += [transform(frame) for frame in batch]
     info = {"backend": "decord", "total_frames": total, "fps": float(reader.get_avg_fps()),
-            "duration": float(times[-1])}
-    return Frames(images=list(batch), indices=list(wanted), timestamps=[round(float(times[i]), 6) for i in wanted],
+            "duration": float(times[-1]), "height": int(batch.shape[1]), "width": int(batch.shape[2])}
+    return Frames(images=images, indices=list(wanted), timestamps=[round(float(times[i]), 6) for i in wanted],
                   info=info)
 
 
-def _codec(path: str) -> str | None:
+def _probe(path: str, max_pixels: int | None) -> str | None:
+    """The video codec, from the header; frames larger than max_pixels are refused before decoding."""
     import av
 
     try:
         with av.open(path) as container:
             if not container.streams.video:
                 raise DecodeError("no_video_stream", "the file has no video stream")
-            return container.streams.video[0].codec_context.name
+            stream = container.streams.video[0]
+            pixels = (stream.width or 0) * (stream.height or 0)
+            codec = stream.codec_context.name
     except av.error.FFmpegError as e:
         raise DecodeError("decode_error", f"cannot open: {e}") from None
+    if max_pixels and pixels > max_pixels:
+        raise DecodeError("too_large", f"frames of {stream.width}×{stream.height} exceed {max_pixels} pixels "
+                                       "(raise --max-image-pixels to allow them)")
+    return codec
 
+
+DECORD_CHUNK = 4  # frames fetched per get_batch call: memory holds a few full-size frames, not 32
 
 # decord returns off-by-one frames after seeks in HEVC (open GOP): PyAV is exact there
 DECORD_INEXACT = {"hevc", "h265"}
 
 
-def decode_video(path: str, sampling: Sampling, backend: str = "auto") -> Frames:
-    """--video-backend auto|decord|pyav; auto takes decord where it is frame-accurate."""
+def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None,
+                 transform=_same) -> Frames:
+    """--video-backend auto|decord|pyav; auto takes decord where it is frame-accurate.
+
+    `transform` is applied to each frame as it is decoded (the pipeline passes patchify), so
+    only a few full-size frames are ever held at once.
+    """
+    codec = _guard(_probe, path, max_pixels)
     if backend == "pyav":
-        return _guard(decode_video_pyav, path, sampling)
+        return _guard(decode_video_pyav, path, sampling, transform)
     if backend == "decord":
-        return _guard(decode_video_decord, path, sampling)
-    if _codec(path) in DECORD_INEXACT:
-        return _guard(decode_video_pyav, path, sampling)
+        return _guard(decode_video_decord, path, sampling, transform)
+    if codec in DECORD_INEXACT:
+        return _guard(decode_video_pyav, path, sampling, transform)
     try:
-        return _guard(decode_video_decord, path, sampling)
+        return _guard(decode_video_decord, path, sampling, transform)
     except DecodeError as first:
         try:
-            return _guard(decode_video_pyav, path, sampling)
+            return _guard(decode_video_pyav, path, sampling, transform)
         except DecodeError as second:
             raise DecodeError(second.status, f"{second} (decord: {first})") from None
 
 
-def _guard(fn, path: str, sampling: Sampling) -> Frames:
+def _guard(fn, *args):
     """Library exceptions → DecodeError, so nothing but DecodeError leaves this module."""
     import av
 
     try:
-        return fn(path, sampling)
+        return fn(*args)
     except DecodeError:
         raise
     except av.error.FFmpegError as e:
@@ -271,9 +308,13 @@ def _guard(fn, path: str, sampling: Sampling) -> Frames:
         raise DecodeError("decode_error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
 
 
-def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None) -> Frames:
+def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None,
+           transform=_same) -> Frames:
+    """One file's frames, each passed through `transform` as soon as it is decoded."""
     if kind == "image":
-        return decode_image(path, max_pixels)
+        frames = decode_image(path, max_pixels)
+        frames.images = [transform(image) for image in frames.images]
+        return frames
     if kind == "video":
-        return decode_video(path, sampling, backend)
+        return decode_video(path, sampling, backend, max_pixels, transform)
     raise DecodeError("unsupported", "not an image or video format we know")

@@ -82,13 +82,17 @@ def _matches(rel: str, include: list[str], exclude: list[str]) -> bool:
     return (not include or hit(include)) and not hit(exclude)
 
 
-def walk(root: str, hidden: bool = False) -> Iterable[str]:
-    """Every file under root (root itself if a file), following symlinks without loops."""
+def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None = None) -> Iterable[str]:
+    """Every file under root (root itself if a file), following symlinks without loops.
+
+    Folders that cannot be listed go to `errors` as (path, reason) instead of vanishing.
+    """
     if not os.path.isdir(root):
         yield root
         return
     seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    on_error = (lambda e: errors.append((e.filename, e.strerror or str(e)))) if errors is not None else None
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=on_error):
         st = os.stat(dirpath)
         if (st.st_dev, st.st_ino) in seen:  # a symlink back up the tree
             dirnames[:] = []
@@ -115,12 +119,16 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
         stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
         with stream:
             named += [line.rstrip("\n") for line in stream if line.strip()]
+    unlisted: list[tuple[str, str]] = []
     for root in roots:
         if os.path.isdir(root):
-            walked += [(p, os.path.relpath(p, root)) for p in walk(root, hidden)]
+            walked += [(p, os.path.relpath(p, root)) for p in walk(root, hidden, unlisted)]
         else:
             named.append(root)
     items: dict[str, Item] = {}
+    for path, reason in unlisted:  # a row says which folder was not read, and why
+        path = os.path.abspath(path)
+        items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}")
     skipped = 0
     candidates = [(p, p, True) for p in named] + [(p, rel, False) for p, rel in walked]
     for path, rel, explicit in candidates:

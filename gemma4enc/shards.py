@@ -132,7 +132,8 @@ def append_rows(out: Path, rows: list[dict]) -> None:
     if not rows:
         return
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    with open(Path(out) / MANIFEST, "a", encoding="utf-8") as f:
+    # a file name that is not UTF-8 holds lone surrogates: written as \udcXX escapes, JSON reads it back
+    with open(Path(out) / MANIFEST, "a", encoding="utf-8", errors="backslashreplace") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable, Iterable, Iterator
 
-import numpy as np
-
 from .decode import DecodeError, decode
 from .discover import Item
 from .options import Options
@@ -52,16 +50,14 @@ def prepare(item: Item, options: Options) -> Decoded:
         return Decoded(item, status="empty", error="the file is empty (0 bytes)")
     try:
         digest = sha256(item.path) if options.hash else None
-        frames = decode(item.path, item.kind, options.sampling, options.video_backend, options.max_image_pixels)
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
-        first = frames.images[0]
-        height, width = first.shape[:2] if isinstance(first, np.ndarray) else (first.height, first.width)
+        frames = decode(item.path, item.kind, options.sampling, options.video_backend, options.max_image_pixels,
+                        transform=lambda image: patchify(image, budget))
         video = {}
         if item.kind == "video":
             video = {"frame_indices": frames.indices, "timestamps": frames.timestamps,
                      **{k: frames.info[k] for k in ("fps", "duration", "total_frames", "backend") if k in frames.info}}
-        patches = [patchify(image, budget) for image in frames.images]
-        return Decoded(item, patches, int(width), int(height), video, digest)
+        return Decoded(item, frames.images, int(frames.info["width"]), int(frames.info["height"]), video, digest)
     except DecodeError as e:
         if not os.path.exists(item.path):  # decoders word a vanished file as a corrupt one
             return Decoded(item, status="not_found", error="the file vanished before it was decoded")
@@ -91,6 +87,11 @@ def _serve(conn, fn: Callable, options: Options) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and SIGTERM are the parent's to handle;
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # it kills its workers on the way out
     _die_with_parent()
+    try:  # a decoder that eats all memory: let the kernel's OOM killer pick a worker, not the run
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     while True:
         try:
             task = conn.recv()

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+import gemma4enc.decode  # noqa: F401 - registers the HEIF plugin with Pillow
 from gemma4enc.demo import write_video
 
 from .conftest import photo
@@ -80,10 +81,15 @@ def bad_media(root: Path, good: Path) -> dict[str, str | None]:
     frames = [Image.new("RGB", (40, 30), c) for c in ((255, 0, 0), (0, 255, 0))]
     frames[0].save(root / "anim.gif", save_all=True, append_images=frames[1:], duration=100, loop=0)
     shutil.copy(good / "photo0.jpg", root / "photo-named.mp4")  # a JPEG with a video's name
+    shutil.copy(good / "photo1.jpg", os.fsencode(root) + b"/latin1-\xe9t\xe9.jpg")  # a name that is not UTF-8
+    shutil.copy(good / "small.png", root / "new\nline.png")
+    photo(90, 160).save(root / "phone.heic")
+    photo(90, 160).save(root / "modern.avif")
     return {
         "zero.jpg": "empty", "cut.jpg": "decode_error", "cut.png": "decode_error", "cut.mp4": "decode_error",
         "noise.jpg": "unsupported", "noise.mp4": "decode_error", "page.jpg": "unsupported",
         "bomb.png": "too_large", "folder.jpg": None, "gone.png": "not_found", "loop.jpg": "unreadable",
         "pipe.jpg": "unsupported", "sound.mp4": "no_video_stream", "dot.png": "ok", "sliver.png": "ok",
         "deep.png": "ok", "cmyk.jpg": "ok", "anim.gif": "ok", "photo-named.mp4": "ok",
+        os.fsdecode(b"latin1-\xe9t\xe9.jpg"): "ok", "new\nline.png": "ok", "phone.heic": "ok", "modern.avif": "ok",
     }

@@ -151,3 +151,10 @@ def test_audio_only_file_is_reported(tmp_path):
     with pytest.raises(DecodeError) as e:
         decode_video(str(tmp_path / "sound.mp4"), Sampling(frames=4), "auto")
     assert e.value.status == "no_video_stream"
+
+
+def test_oversized_video_frames_are_refused_before_decoding(clips):
+    for backend in ("auto", "pyav", "decord"):
+        with pytest.raises(DecodeError) as e:
+            decode_video(str(clips / "h264.mp4"), Sampling(frames=4), backend, max_pixels=100 * 100)
+        assert e.value.status == "too_large" and "192×144" in str(e.value)

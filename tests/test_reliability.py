@@ -197,15 +197,32 @@ class _NoBar:
         pass
 
 
-def test_unreadable_file_is_recorded(tmp_path):
+@pytest.fixture
+def public_tmp():
+    """A folder every user can reach (pytest's tmp_path sits under a 0700 folder of root's)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gemma4enc-test-"))
+    path.chmod(0o755)
+    yield path
+    for p in path.rglob("*"):
+        p.chmod(0o755)
+    shutil.rmtree(path)
+
+
+def test_unreadable_file_and_folder_are_recorded(public_tmp):
     """Root reads anything, so the check drops to an unprivileged user in a child process."""
+    tmp_path = public_tmp
     folder = tmp_path / "open"
     folder.mkdir()
     folder.chmod(0o755)
-    tmp_path.chmod(0o755)
     secret = folder / "secret.jpg"
     secret.write_bytes(b"\xff\xd8\xff" + b"\0" * 100)
     secret.chmod(0)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "inside.jpg").write_bytes(secret.read_bytes())
+    locked.chmod(0)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: look at the file as nobody, report the row's status
@@ -219,14 +236,21 @@ def test_unreadable_file_is_recorded(tmp_path):
             from gemma4enc.workers import prepare
 
             d = prepare(look(str(secret)), Options())
-            status = f"{d.status}|{d.error}"
+            listed = [prepare(i, Options()) for i in discover([str(tmp_path)])[0]]
+            closed = next(x for x in listed if x.item.path == str(locked))
+            status = f"{d.status}|{d.error}|{closed.status}|{closed.error}"
+        except BaseException as e:  # noqa: BLE001 - shown by the parent's assertion
+            status = repr(e)
         finally:
             os.write(write, status.encode())
             os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
-    status, error = os.read(read, 4096).decode().split("|", 1)
+    report = os.read(read, 4096).decode()
+    status, error, folder_status, folder_error = report.split("|") if report.count("|") == 3 else [report] * 4
     assert status == "unreadable" and "Permission denied" in error
+    assert folder_status == "unreadable" and "cannot list this folder: Permission denied" in folder_error
+    locked.chmod(0o755)
 
 
 def test_write_failure_exits_4_and_a_rerun_completes(good, clean, ckpt, tmp_path, monkeypatch):
