@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # plain torch requirement never pulls a multi-GB CUDA build. Override to choose.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install test bench demo clean
+.PHONY: install test bench bench-e2e demo clean
 
 install:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -24,6 +24,9 @@ test:
 
 bench:
 	$(PY) -m gemma4enc bench --device cpu --layers 2 --items 12 --workload photos --workload video --workload mixed --json bench-out/bench.json
+
+bench-e2e:
+	$(PY) -m gemma4enc bench --e2e --device cpu --layers 2 --items 40 --json bench-out/e2e.json
 
 demo:
 	$(PY) -m gemma4enc demo ./demo

@@ -149,6 +149,22 @@ class Result:
     mfu: float | None = None
 
 
+def interleaved(methods: dict, repeats: int, dev: torch.device, memory_of: torch.device) -> tuple[dict, dict]:
+    """Run every method `repeats` times in rotating order: seconds per run, and peak memory."""
+    times = {m: [] for m in methods}
+    peaks = {m: 0 for m in methods}
+    for r in range(repeats):
+        for m in list(methods)[r % len(methods):] + list(methods)[: r % len(methods)]:
+            with PeakMemory(memory_of) as mem:
+                start = time.perf_counter()
+                methods[m]()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                times[m].append(time.perf_counter() - start)
+            peaks[m] = max(peaks[m], mem.peak)
+    return times, peaks
+
+
 def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("photos",), count=24, repeats=3,
           max_patches=None, log=print) -> dict:
     from .model import parse_device, parse_dtype
@@ -167,18 +183,7 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
         methods = {"hf-padded": lambda: hf_padded(tower, items, max(budget, max(p.n for p in items))),
                    **{m: (lambda m=m: run_ours(tower, items, m, max_patches)) for m in ("serial", "bucket", "pack")}}
         run_ours(tower, items[:2], "pack", max_patches)  # warm-up
-        times = {m: [] for m in methods}
-        peaks = {m: 0 for m in methods}
-        for r in range(repeats):
-            order = list(methods)[r % len(methods):] + list(methods)[: r % len(methods)]  # rotate the order
-            for m in order:
-                with PeakMemory(dev) as mem:
-                    start = time.perf_counter()
-                    methods[m]()
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                    times[m].append(time.perf_counter() - start)
-                peaks[m] = max(peaks[m], mem.peak)
+        times, peaks = interleaved(methods, repeats, dev, dev)
         patches, flops = sum(p.n for p in items), tower_flops(tower, items)
         rows = {}
         for m in methods:
@@ -201,3 +206,69 @@ def table(name: str, count: int, rows: dict) -> str:
         lines.append(f"{m:<10} {r['seconds']:>8.3f} {r['items_per_s']:>9.2f} {r['patches_per_s']:>11,.0f} "
                      f"{r['vs_serial']:>9.2f} {r['vs_hf_padded']:>7.2f} {r['peak_bytes'] / 2**20:>9.1f} {mfu:>6}")
     return "\n".join(lines)
+
+
+def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=None, repeats=3, log=print) -> dict:
+    """A generated folder through decode workers → tower → shards: are decode and encode overlapped?
+
+    decode-only: the worker pool alone; encode-only: the tower on already-decoded patches;
+    end-to-end: the real pipeline writing shards. overlap = end-to-end / min(the two), 1.0 at best.
+    """
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .demo import write_images, write_video
+    from .discover import discover
+    from .model import parse_device, parse_dtype
+    from .options import Options
+    from .pipeline import Encoder, run
+    from .plan import Unit, resolve_batching
+    from .shards import ShardWriter
+    from .workers import DecodePool, default_workers
+
+    dev = parse_device(device)
+    dt = parse_dtype(("bfloat16" if dev.type == "cuda" else "float32") if dtype == "auto" else dtype)
+    tower = random_tower(size, layers, dev, dt)
+    mode = resolve_batching("auto", dev)
+    max_patches = 8192 if dev.type == "cpu" else 65536
+    workers = default_workers() if workers is None else workers
+    options = Options(workers=workers, decode_timeout=600)
+    with tempfile.TemporaryDirectory(prefix="gemma4enc-e2e-") as tmp:
+        media = Path(tmp) / "media"
+        seeds = write_images(media / "seed")
+        write_video(media / "seed" / "clip.mp4", frames=96)
+        seeds = sorted((media / "seed").iterdir())
+        for i in range(count):  # photos and clips in the proportions of the seed folder
+            shutil.copy(seeds[i % len(seeds)], media / f"{i:05d}{seeds[i % len(seeds)].suffix}")
+        shutil.rmtree(media / "seed")
+        items, _ = discover([str(media)])
+        decoded: list = []
+
+        def decode_only():
+            decoded[:] = list(DecodePool(options, workers, options.decode_timeout).map(items))
+
+        def encode_only():
+            units = [Unit(i, f, p) for i, d in enumerate(decoded) for f, p in enumerate(d.patches)]
+            Encoder(tower, mode, max_patches).run(units)
+
+        def end_to_end(r=[0]):
+            r[0] += 1
+            writer = ShardWriter(Path(tmp) / f"out{r[0]}", "bfloat16", {}, 1 << 30)
+            run(items, tower, options, writer, mode, max_patches)
+
+        methods = {"decode-only": decode_only, "encode-only": encode_only, "end-to-end": end_to_end}
+        decode_only()  # warm-up, and the patches encode-only needs
+        times, peaks = interleaved(methods, repeats, dev, torch.device("cpu"))  # host memory is the question
+    rate = {m: len(items) / statistics.median(t) for m, t in times.items()}
+    overlap = rate["end-to-end"] / min(rate["decode-only"], rate["encode-only"])
+    report = {"size": size, "layers": tower.config.num_hidden_layers, "device": str(dev), "dtype": str(dt),
+              "workers": workers, "files": len(items), "repeats": repeats, "batching": mode,
+              "items_per_s": rate, "host_peak_rss_growth_bytes": peaks, "overlap": overlap,
+              "end_to_end_vs_encode_only": rate["end-to-end"] / rate["encode-only"]}
+    log(f"\nend to end: {len(items)} files, {workers} decode workers, {dev}, {dt}, batching {mode}")
+    for m in methods:
+        log(f"{m:<12} {rate[m]:>8.2f} items/s   host RSS growth {peaks[m] / 2**20:>7.1f} MB")
+    log(f"overlap (end-to-end / min(decode-only, encode-only)): {overlap:.2f}; "
+        f"end-to-end / encode-only: {report['end_to_end_vs_encode_only']:.2f}")
+    return report

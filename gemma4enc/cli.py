@@ -291,14 +291,20 @@ def bench(
     device: Device = "auto",
     dtype: Dtype = "auto",
     max_batch_patches: MaxPatches = None,
+    e2e: Annotated[bool, typer.Option("--e2e", help="Instead: a generated folder through decode workers, tower and shards; decode-only, encode-only, end-to-end and their overlap.")] = False,
+    workers: Workers = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON here.")] = None,
 ):
     """Benchmark hf-padded, serial, bucket and pack side by side (items/s, patches/s, memory, MFU)."""
     from .bench import bench as run_bench
+    from .bench import e2e as run_e2e
 
     try:
-        report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
-                           max_batch_patches, log=lambda s: typer.echo(s))
+        if e2e:
+            report = run_e2e(size, layers, device, dtype, items, workers, repeats, log=lambda s: typer.echo(s))
+        else:
+            report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
+                               max_batch_patches, log=lambda s: typer.echo(s))
     except UsageError as e:
         fail(str(e))
     if json_path:

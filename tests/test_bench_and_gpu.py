@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gemma4enc.bench import bench, random_tower, workload
+from gemma4enc.bench import bench, e2e, random_tower, workload
 from gemma4enc.patches import patchify
 
 cuda = pytest.mark.cuda
@@ -19,6 +19,14 @@ def test_bench_reports_every_method():
     assert rows["serial"]["vs_serial"] == 1.0
     for r in rows.values():
         assert r["items_per_s"] > 0 and r["seconds"] > 0
+
+
+def test_e2e_bench_reports_decode_encode_and_overlap():
+    report = e2e(size="e2b", layers=1, device="cpu", count=3, workers=1, repeats=1, log=lambda s: None)
+    assert set(report["items_per_s"]) == {"decode-only", "encode-only", "end-to-end"}
+    assert report["files"] == 3 and all(v > 0 for v in report["items_per_s"].values())
+    slowest = min(report["items_per_s"]["decode-only"], report["items_per_s"]["encode-only"])
+    assert report["overlap"] == report["items_per_s"]["end-to-end"] / slowest
 
 
 @cuda
