@@ -82,6 +82,8 @@ class ShardWriter:
         self.pending: list[Pending] = []
         self.bytes = 0
         self.last_flush = time.monotonic()
+        self._executor = None
+        self._writing = None  # the Future of the write in flight
 
     def add(self, row: dict, frames: list[torch.Tensor] | None = None) -> None:
         """A finished file: ok with its per-frame tokens, or failed (row only)."""
@@ -90,25 +92,55 @@ class ShardWriter:
         self.bytes += sum(f.numel() * f.element_size() for f in item.frames)
         # by size, or by time: a kill must not cost more than a minute or so of finished files
         if self.bytes >= self.shard_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
-            self.flush()
+            self.flush(wait=False)
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
+        """Hand the pending files to the writing thread; with wait, return once all is on disk.
+
+        One write is in flight at most (memory holds two shards at most), in order, so the
+        encoder goes on while a shard is stacked, written and fsynced. A write error surfaces
+        here or at the next add, as OutputError.
+        """
+        self._join()
+        if self.pending:
+            name = f"shard-{self.next_shard:06d}.safetensors"
+            if any(p.frames for p in self.pending):
+                self.next_shard += 1
+            self._writing = self._thread().submit(self._write, self.pending, name)
+            self.pending, self.bytes, self.last_flush = [], 0, time.monotonic()
+        if wait:
+            self._join()
+
+    def _thread(self):
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="gemma4enc-shard-writer")
+        return self._executor
+
+    def _join(self) -> None:
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            try:
+                writing.result()
+            except OutputError:
+                self.pending = []  # what was not written is redone by the next run
+                raise
+
+    def _write(self, pending: list[Pending], name: str) -> None:
         """Write the shard (if any file has tokens), then append every pending row."""
-        ok = [p for p in self.pending if p.frames]
-        name = f"shard-{self.next_shard:06d}.safetensors"
+        ok = [p for p in pending if p.frames]
         try:
             if ok:
                 tensors = self._stack(ok)
                 atomic_write(self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata))
-                self.next_shard += 1
                 for index, p in enumerate(ok):
                     p.row.update(shard=name, index=index)
-            append_rows(self.out, [p.row for p in self.pending])
+            append_rows(self.out, [p.row for p in pending])
         except (OSError, SafetensorError) as e:
             what = f"{name} or {MANIFEST}" if ok else MANIFEST
             raise OutputError(f"cannot write {what} in {self.out}: {e.strerror or e}; the files finished "
                               "before are saved, re-run to resume once it is writable") from None
-        self.pending, self.bytes, self.last_flush = [], 0, time.monotonic()
 
     def _stack(self, ok: list[Pending]) -> dict[str, torch.Tensor]:
         frames = [f for p in ok for f in p.frames]

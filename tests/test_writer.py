@@ -1,0 +1,50 @@
+"""The shard writer works beside the encoder: add() does not wait for the disk, flush() does."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import pytest
+import torch
+
+import gemma4enc.shards as shards
+from gemma4enc.errors import OutputError
+from gemma4enc.shards import Embeddings, ShardWriter
+
+
+def row(i: int) -> dict:
+    return {"path": f"/media/{i}.jpg", "kind": "image", "status": "ok", "error": None, "tokens": 3, "frames": 1}
+
+
+def test_writing_runs_beside_the_caller(tmp_path, monkeypatch):
+    real = shards.save_file
+
+    def slow(tensors, path, metadata=None):
+        time.sleep(0.5)
+        real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(shards, "save_file", slow)
+    writer = ShardWriter(tmp_path, "float32", {}, shard_bytes=1)
+    start = time.monotonic()
+    writer.add(row(0), [torch.ones(3, 4)])  # a full shard: handed to the writing thread
+    assert time.monotonic() - start < 0.3 and not (tmp_path / "manifest.jsonl").exists()
+    writer.add(row(1), [torch.full((3, 4), 2.0)])  # waits for the first, hands over the second
+    writer.flush()
+    emb = Embeddings(tmp_path)
+    assert torch.equal(emb["/media/1.jpg"], torch.full((3, 4), 2.0))
+    assert [emb.row(f"/media/{i}.jpg")["shard"] for i in (0, 1)] == ["shard-000000.safetensors",
+                                                                   "shard-000001.safetensors"]
+
+
+def test_a_failed_write_surfaces_at_the_next_call(tmp_path, monkeypatch):
+    def full(tensors, path, metadata=None):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shards, "save_file", full)
+    writer = ShardWriter(tmp_path, "float32", {}, shard_bytes=1)
+    writer.add(row(0), [torch.ones(3, 4)])
+    with pytest.raises(OutputError, match="No space left"):
+        writer.flush()
+    assert not list(tmp_path.iterdir())  # nothing half-written, no rows
