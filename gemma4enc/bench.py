@@ -214,6 +214,7 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
     decode-only: the worker pool alone; encode-only: the tower on already-decoded patches;
     end-to-end: the real pipeline writing shards. overlap = end-to-end / min(the two), 1.0 at best.
     """
+    import itertools
     import shutil
     import tempfile
     from pathlib import Path
@@ -236,7 +237,7 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
     options = Options(workers=workers, decode_timeout=600)
     with tempfile.TemporaryDirectory(prefix="gemma4enc-e2e-") as tmp:
         media = Path(tmp) / "media"
-        seeds = write_images(media / "seed")
+        write_images(media / "seed")
         write_video(media / "seed" / "clip.mp4", frames=96)
         seeds = sorted((media / "seed").iterdir())
         for i in range(count):  # photos and clips in the proportions of the seed folder
@@ -252,9 +253,10 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
             units = [Unit(i, f, p) for i, d in enumerate(decoded) for f, p in enumerate(d.patches)]
             Encoder(tower, mode, max_patches).run(units)
 
-        def end_to_end(r=[0]):
-            r[0] += 1
-            writer = ShardWriter(Path(tmp) / f"out{r[0]}", "bfloat16", {}, 1 << 30)
+        outs = itertools.count()
+
+        def end_to_end():
+            writer = ShardWriter(Path(tmp) / f"out{next(outs)}", "bfloat16", {}, 1 << 30)
             run(items, tower, options, writer, mode, max_patches)
 
         methods = {"decode-only": decode_only, "encode-only": encode_only, "end-to-end": end_to_end}

@@ -51,6 +51,7 @@ Hash = Annotated[bool, typer.Option("--hash", help="Also compare files by conten
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Try again the files whose last row is a failure.")]
 MaxFailures = Annotated[Optional[int], typer.Option("--max-failures", help="Abort with exit code 3 once more files than this fail.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace what OUT holds (its shards, manifest, settings) instead of resuming.")]
+OutFolder = Annotated[Path, typer.Argument(help="An output folder of gemma4enc encode.")]
 Json = Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or messages on stderr.")]
 
@@ -243,15 +244,19 @@ def plan(
             typer.echo(f"{key}: {value}")
 
 
+def _read(report_of, out: Path) -> dict:
+    try:
+        return report_of(out)
+    except UsageError as e:
+        fail(str(e))
+
+
 @app.command()
-def inspect(out: Annotated[Path, typer.Argument(help="An output folder of gemma4enc encode.")], json_out: Json = False):
+def inspect(out: OutFolder, json_out: Json = False):
     """Summarise an output folder: files by status, shards, tokens, failures."""
     from .runner import inspect_report
 
-    try:
-        report = inspect_report(out)
-    except UsageError as e:
-        fail(str(e))
+    report = _read(inspect_report, out)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -260,14 +265,11 @@ def inspect(out: Annotated[Path, typer.Argument(help="An output folder of gemma4
 
 
 @app.command()
-def verify(out: Annotated[Path, typer.Argument(help="An output folder of gemma4enc encode.")], json_out: Json = False):
+def verify(out: OutFolder, json_out: Json = False):
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
     from .verify import verify as check
 
-    try:
-        report = check(out)
-    except UsageError as e:
-        fail(str(e))
+    report = _read(check, out)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:

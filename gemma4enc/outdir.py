@@ -168,8 +168,6 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
     Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
     only touched (same sha256) keeps its tokens and gets a refreshed row instead of a re-encode.
     """
-    from .workers import sha256
-
     rows = read_manifest(out)
     todo, refreshed = [], []
     for item in items:
@@ -177,6 +175,8 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
         if row is None or row.get("size") != item.size or (options.retry_failed and row["status"] != "ok"):
             todo.append(item)
         elif options.hash and row["status"] == "ok" and not item.error:
+            from .workers import sha256
+
             try:
                 digest = sha256(item.path)
             except OSError:

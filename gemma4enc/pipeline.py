@@ -1,8 +1,9 @@
 """The stages wired together: decode → patchify → plan → tower → write, one window at a time.
 
-Files are taken in their sorted order in windows of a few batches' worth of patches; each
-window is decoded, planned and encoded, then its files are handed to the shard writer in
-order. Host memory stays bounded by the window whatever the folder's size.
+Files are taken in their sorted order in windows of a few batches' worth of patches, decoded
+ahead by the worker pool; each window is planned and encoded, then its files are handed to
+the shard writer in order. Host memory stays bounded by the window and the pool's look-ahead
+whatever the folder's size.
 """
 
 from __future__ import annotations
