@@ -17,7 +17,7 @@ install:
 	else \
 		$(PY) -m pip install -q "$(TORCH_CPU)"; \
 	fi
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,ray]"
 
 test:
 	$(PY) -m pytest -q tests

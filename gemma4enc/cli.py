@@ -51,6 +51,10 @@ Hash = Annotated[bool, typer.Option("--hash", help="Also compare files by conten
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Try again the files whose last row is a failure.")]
 MaxFailures = Annotated[Optional[int], typer.Option("--max-failures", help="Abort with exit code 3 once more files than this fail.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace what OUT holds (its shards, manifest, settings) instead of resuming.")]
+Engine = Annotated[str, typer.Option("--engine", help="local (this machine) or ray (a Ray Data actor pool; pip install 'gemma4enc[ray]').")]
+RayAddress = Annotated[Optional[str], typer.Option("--ray-address", help="With --engine ray: auto or HOST:PORT of a running cluster (default: a private local Ray on loopback).")]
+RayActors = Annotated[Optional[int], typer.Option("--ray-actors", help="With --engine ray: actors (default: one per GPU of the cluster, else one per CPU).")]
+TaskFiles = Annotated[int, typer.Option("--task-files", help="With --engine ray: files per task, the unit handed to an actor and retried.")]
 OutFolder = Annotated[Path, typer.Argument(help="An output folder of gemma4enc encode.")]
 Json = Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or messages on stderr.")]
@@ -87,6 +91,12 @@ def _options(**kw):
         raise UsageError("--frames, --max-frames and --fps must be positive")
     if not 0 < kw["memory_fraction"] <= 1:
         raise UsageError("--memory-fraction must be in (0, 1]")
+    if kw["engine"] not in ("local", "ray"):
+        raise UsageError(f"--engine {kw['engine']!r}: use local or ray")
+    if kw["engine"] != "ray" and (kw["ray_address"] or kw["ray_actors"]):
+        raise UsageError("--ray-address and --ray-actors need --engine ray")
+    if kw["task_files"] < 1 or (kw["ray_actors"] is not None and kw["ray_actors"] < 1):
+        raise UsageError("--task-files and --ray-actors must be at least 1")
     if (kw["workers"] or 0) < 0 or kw["decode_timeout"] < 0 or kw["flush_seconds"] < 0 or (kw["max_failures"] or 0) < 0:
         raise UsageError("--workers, --decode-timeout, --flush-seconds and --max-failures cannot be negative")
     kw["decode_timeout"] = kw["decode_timeout"] or None
@@ -163,6 +173,10 @@ def encode(
     retry_failed: RetryFailed = False,
     max_failures: MaxFailures = None,
     overwrite: Overwrite = False,
+    engine: Engine = "local",
+    ray_address: RayAddress = None,
+    ray_actors: RayActors = None,
+    task_files: TaskFiles = 64,
     json_out: Json = False,
     quiet: Quiet = False,
 ):
@@ -180,7 +194,8 @@ def encode(
                            max_batch_patches=max_batch_patches, shard_size=shard_size, out_dtype=out_dtype,
                            max_image_pixels=max_image_pixels, pooled=pooled, workers=workers,
                            decode_timeout=decode_timeout, flush_seconds=flush_seconds, hash=content_hash,
-                           retry_failed=retry_failed, max_failures=max_failures)
+                           retry_failed=retry_failed, max_failures=max_failures, engine=engine,
+                           ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
@@ -326,7 +341,8 @@ def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo chec
            batching="auto", memory_fraction=0.7, max_batch_patches=None, shard_size="1GB", out_dtype="float32",
            files_from=None, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,
            workers=None, decode_timeout=120.0, flush_seconds=60.0, content_hash=False, retry_failed=False, max_failures=None,
-           overwrite=False, json_out=True, quiet=False)
+           overwrite=False, engine="local", ray_address=None, ray_actors=None, task_files=64, json_out=True,
+           quiet=False)
 
 
 def main() -> None:

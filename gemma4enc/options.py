@@ -51,6 +51,14 @@ class Options:
     retry_failed: bool = False
     # abort (exit 3) once more files than this have failed in this run (None: never)
     max_failures: int | None = None
+    # local: this process (and its decode workers) | ray: a Ray Data actor pool (ray_engine.py)
+    engine: str = "local"
+    # --engine ray: None starts a private local Ray; "auto" or HOST:PORT joins a running cluster
+    ray_address: str | None = None
+    # --engine ray: actors (None: one per GPU of the cluster, or per CPU without GPUs)
+    ray_actors: int | None = None
+    # --engine ray: files per task, the unit that is handed to an actor, retried, and whose rows land together
+    task_files: int = 64
 
     def fingerprint(self) -> dict:
         """The settings that change what is written: a re-run must match them."""

@@ -34,12 +34,22 @@ def metadata(options: Options, tower) -> dict[str, str]:
     }
 
 
-def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False) -> dict:
-    """The whole local run, under OUT's lock; returns the summary that --json prints."""
-    from .pipeline import run
-    from .plan import budget_patches, resolve_batching
+def open_tower(options: Options):
+    """--model, --dtype, --device, --batching → (tower, dtype name, batching mode)."""
+    from .plan import resolve_batching
     from .tower import load_tower
 
+    dtype = options.dtype
+    if dtype == "auto":
+        from .model import parse_device
+
+        dtype = "bfloat16" if parse_device(options.device).type == "cuda" else "float32"
+    tower = load_tower(options.model, dtype, options.device)
+    return tower, dtype, resolve_batching(options.batching, tower.device)
+
+
+def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False) -> dict:
+    """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints."""
     out = Path(out)
     log = log or (lambda message: None)
     try:
@@ -52,26 +62,12 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
         for note in prepare_out(out, options, overwrite):
             log(note)
         todo = still_to_do(items, out, options)
-        dtype = options.dtype
-        if dtype == "auto":
-            from .model import parse_device
+        if options.engine == "ray":
+            from .ray_engine import encode_on_ray
 
-            dtype = "bfloat16" if parse_device(options.device).type == "cuda" else "float32"
-        tower = load_tower(options.model, dtype, options.device)
-        mode = resolve_batching(options.batching, tower.device)
-        max_patches = budget_patches(tower, options, mode) if todo else 0
-        log(f"{len(items)} files, {len(items) - len(todo)} already done; {tower.device}, {dtype}, "
-            f"batching {mode}, ≤{max_patches} patches per call")
-        writer = ShardWriter(out, options.out_dtype, metadata(options, tower), options.shard_bytes, options.pooled,
-                             options.flush_seconds)
-        progress = bar(len(todo))
-        try:
-            summary = run(todo, tower, options, writer, mode, max_patches, progress)
-        except KeyboardInterrupt:
-            writer.flush()  # keep what is finished
-            raise
-        finally:
-            progress.close()
+            summary, where = encode_on_ray(todo, out, options, bar, log, done=len(items) - len(todo))
+        else:
+            summary, where = _encode_here(todo, out, options, bar, log, done=len(items) - len(todo))
     rows = read_manifest(out)
     failures = [f"{Path(r['path']).name}: {r['status']}" for i in todo if (r := rows.get(i.path)) and r["status"] != "ok"]
     if failures:
@@ -82,8 +78,30 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
         "tokens": summary.tokens, "patches": summary.patches, "seconds": round(summary.seconds, 3),
         "items_per_s": round(summary.files / summary.seconds, 3) if summary.seconds else None,
         "patches_per_s": round(summary.patches / summary.seconds, 1) if summary.seconds else None,
-        "device": str(tower.device), "dtype": dtype, "batching": mode, "max_batch_patches": max_patches,
+        "engine": options.engine, **where,
     }
+
+
+def _encode_here(todo: list[Item], out: Path, options: Options, bar, log, done: int):
+    """The local engine: this process feeds the tower, its decode workers feed it."""
+    from .pipeline import run
+    from .plan import budget_patches
+
+    tower, dtype, mode = open_tower(options)
+    max_patches = budget_patches(tower, options, mode) if todo else 0
+    log(f"{done + len(todo)} files, {done} already done; {tower.device}, {dtype}, "
+        f"batching {mode}, ≤{max_patches} patches per call")
+    writer = ShardWriter(out, options.out_dtype, metadata(options, tower), options.shard_bytes, options.pooled,
+                         options.flush_seconds)
+    progress = bar(len(todo))
+    try:
+        summary = run(todo, tower, options, writer, mode, max_patches, progress)
+    except KeyboardInterrupt:
+        writer.flush()  # keep what is finished
+        raise
+    finally:
+        progress.close()
+    return summary, {"device": str(tower.device), "dtype": dtype, "batching": mode, "max_batch_patches": max_patches}
 
 
 def plan_report(items: list[Item], image_tokens: int, video_tokens: int, frames: int, hidden: int,

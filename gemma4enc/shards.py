@@ -1,6 +1,6 @@
 """Output folder: safetensors shards, the manifest, and a reader.
 
-OUT/shard-NNNNNN.safetensors holds many files' soft tokens stacked:
+OUT/shard-NNNNNN.safetensors (shard-<task>-NNN with --engine ray) holds many files' soft tokens stacked:
   tokens        [T, D]  out dtype   every soft token of the shard, file after file, frame after frame
   item_offsets  [N+1]   int64       file i's tokens are tokens[item_offsets[i]:item_offsets[i+1]]
   frame_offsets [F+1]   int64       token offsets of every frame (an image is one frame)
@@ -27,7 +27,8 @@ from .errors import OutputError
 
 FORMAT_VERSION = "1"
 MANIFEST = "manifest.jsonl"
-SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")
+# shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
+SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
 OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -69,16 +70,26 @@ class Pending:
 
 
 class ShardWriter:
-    """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows."""
+    """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows.
+
+    Rows go to the manifest, or to `on_rows` (a Ray actor hands them to the driver, which owns
+    the manifest); shards are numbered on from the folder's highest, or named by `name(k)`.
+    """
 
     def __init__(self, out: Path, out_dtype: str, metadata: dict[str, str], shard_bytes: int = 1 << 30,
-                 pooled: bool = True, flush_seconds: float = 60.0):
+                 pooled: bool = True, flush_seconds: float = 60.0, name=None, on_rows=None):
         self.out, self.dtype = Path(out), OUT_DTYPES[out_dtype]
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
         self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds
         self.out.mkdir(parents=True, exist_ok=True)
-        self.next_shard = 1 + max((int(m.group(1)) for p in self.out.iterdir() if (m := SHARD_RE.match(p.name))),
-                                  default=-1)
+        self.on_rows = on_rows or (lambda rows: append_rows(self.out, rows))
+        if name is None:
+            self.next_shard = 1 + max((int(m.group(1)) for p in self.out.iterdir()
+                                       if (m := SHARD_RE.match(p.name)) and m.group(1).isdigit()), default=-1)
+            name = "shard-{:06d}.safetensors".format
+        else:
+            self.next_shard = 0
+        self.name = name
         self.pending: list[Pending] = []
         self.bytes = 0
         self.last_flush = time.monotonic()
@@ -103,13 +114,22 @@ class ShardWriter:
         """
         self._join()
         if self.pending:
-            name = f"shard-{self.next_shard:06d}.safetensors"
+            name = self.name(self.next_shard)
             if any(p.frames for p in self.pending):
                 self.next_shard += 1
             self._writing = self._thread().submit(self._write, self.pending, name)
             self.pending, self.bytes, self.last_flush = [], 0, time.monotonic()
         if wait:
             self._join()
+
+    def close(self) -> None:
+        """Write what is pending and end the writing thread (a long-lived Ray actor makes many writers)."""
+        try:
+            self.flush()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
 
     def _thread(self):
         if self._executor is None:
@@ -136,7 +156,7 @@ class ShardWriter:
                 atomic_write(self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata))
                 for index, p in enumerate(ok):
                     p.row.update(shard=name, index=index)
-            append_rows(self.out, [p.row for p in pending])
+            self.on_rows([p.row for p in pending])
         except (OSError, SafetensorError) as e:
             what = f"{name} or {MANIFEST}" if ok else MANIFEST
             raise OutputError(f"cannot write {what} in {self.out}: {e.strerror or e}; the files finished "

@@ -1,0 +1,263 @@
+"""--engine ray: the local pipeline (decode → tower → shard writer) in a Ray Data actor pool.
+
+The driver (this process) keeps what makes a run safe to kill and repeat: OUT's lock, the list
+of files still to do, and the manifest. It cuts that sorted list into tasks of --task-files
+files, and Ray Data hands the tasks to a pool of actors, one per GPU (or per CPU share without
+GPUs). Each actor loads the tower once and runs each task through the same `pipeline.run` as a
+local run. It writes the task's shards under names made from the task's files
+(shard-<hash>-000.safetensors), so a retried task overwrites its own shards and never leaves a
+duplicate, and returns the task's rows; the driver appends them to the manifest as they come.
+A kill leaves at most shards that no row names, which the next run removes (outdir.repair).
+
+A file that cannot be decoded is a row, as locally. An actor that dies (the OOM killer, a
+segfault) is restarted by Ray and its task retried RETRIES times; a task that still does not
+come back is split into one task per file and tried once more, and a file that kills its actor
+even alone is recorded as `worker_died`. Nothing is retried forever; no file goes missing.
+
+Ray is imported only here, only with --engine ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from .discover import Item
+from .errors import OutputError, UsageError
+from .options import Options
+from .pipeline import Progress, Summary, TooManyFailures, failed_row
+from .shards import SHARD_RE, append_rows
+
+RETRIES = 2  # Ray's retries of a task whose actor died, before the driver splits the task up
+# Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+DIED = f"its Ray worker died {RETRIES + 1} times in a row encoding it, alone too (out of memory or a crash; see Ray's logs)"
+
+
+def make_tasks(items: list[Item], files: int) -> list[dict]:
+    """Consecutive slices of the sorted list. A task's id hashes what it holds, so the same files
+    get the same id (and shard names) however often they are tried."""
+    tasks = []
+    for i in range(0, len(items), files):
+        text = json.dumps([asdict(it) for it in items[i: i + files]], ensure_ascii=True)  # non-UTF-8 names as \udcXX
+        tasks.append({"id": hashlib.sha1(text.encode()).hexdigest()[:16], "items": text})
+    return tasks
+
+
+def _items(task: dict) -> list[Item]:
+    return [Item(**d) for d in json.loads(str(task["items"]))]
+
+
+class TaskEncoder:
+    """One Ray actor: loads the tower once, then encodes one task per call with the local pipeline."""
+
+    def __init__(self, options: Options, out: str):
+        import ray
+
+        from .plan import budget_patches
+        from .runner import metadata, open_tower
+
+        device = "cuda" if ray.get_gpu_ids() else "cpu"  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU
+        self.options = replace(options, device=device, max_failures=None)  # the driver counts failures
+        self.out = out
+        self.tower, _, self.mode = open_tower(self.options)
+        self.max_patches = budget_patches(self.tower, self.options, self.mode)
+        self.metadata = metadata(self.options, self.tower)
+
+    def __call__(self, batch: dict) -> dict:
+        from .pipeline import run
+        from .shards import ShardWriter
+
+        task = {"id": str(batch["id"][0]), "items": str(batch["items"][0])}
+        rows: list[dict] = []
+        writer = ShardWriter(self.out, self.options.out_dtype, self.metadata, self.options.shard_bytes,
+                             self.options.pooled, flush_seconds=float("inf"),
+                             name=f"shard-{task['id']}-{{:03d}}.safetensors".format, on_rows=rows.extend)
+        patches, error = 0, ""
+        try:
+            patches = run(_items(task), self.tower, self.options, writer, self.mode, self.max_patches).patches
+            writer.close()
+        except OutputError as e:
+            error = f"output: {e}"  # OUT stopped taking writes: the whole run stops (exit 4)
+        except Exception as e:  # noqa: BLE001 - the driver retries the files one by one and records the reason
+            error = f"{type(e).__name__}: {e}"
+        return {"id": [task["id"]], "rows": [json.dumps(rows if not error else [], ensure_ascii=True)],
+                "patches": [patches], "error": [error]}
+
+
+@dataclass(frozen=True)
+class Pool:
+    actors: int
+    gpus: int  # per actor: 1 or 0
+    cpus: int  # per actor: 1 + its decode workers
+    device: str  # what the actors run on: cuda or cpu
+
+
+def plan_pool(resources: dict, options: Options) -> Pool:
+    """Actors and their resources from the cluster's; refuses what cannot be scheduled (Ray would wait forever)."""
+    gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+    if options.device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--engine ray gives each actor a GPU of its own or CPUs: use --device auto, cuda or cpu, "
+                         f"not {options.device}")
+    if options.device == "cuda" or (options.device == "auto" and gpus):
+        actors = options.ray_actors or gpus
+        if not gpus or actors > gpus:
+            raise UsageError(f"{max(actors, 1)} GPU actor(s) need as many GPUs, and the Ray cluster has {gpus}; "
+                             "use --ray-actors, or --device cpu")
+        workers = options.workers if options.workers is not None else max(0, min(8, cpus // gpus - 1))
+        pool = Pool(actors, 1, 1 + workers, "cuda")
+    else:
+        workers = options.workers or 0  # the actors themselves fill the cores
+        pool = Pool(options.ray_actors or max(1, cpus // (1 + workers)), 0, 1 + workers, "cpu")
+    if pool.actors * pool.cpus > cpus:
+        raise UsageError(f"{pool.actors} actor(s) × {pool.cpus} CPUs (1 + --workers {pool.cpus - 1}) need "
+                         f"{pool.actors * pool.cpus} CPUs, and the Ray cluster has {cpus}")
+    return pool
+
+
+def _reachable(address: str) -> None:
+    """Fail in seconds, not minutes, when nothing listens at HOST:PORT."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address!r}: use auto or HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise UsageError(f"cannot reach a Ray cluster at {address}: {e.strerror or e}") from None
+
+
+@contextlib.contextmanager
+def connect(address: str | None, remote_wait_s: int = 600, local_wait_s: int = 180):
+    """A private loopback-only Ray (address None), or the running cluster at `address`; shut down on exit."""
+    if address is None:
+        os.environ.update(LOCAL_ENV)
+    else:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if "://" not in address and address != "auto":
+            _reachable(address)
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise UsageError("--engine ray needs Ray: pip install 'gemma4enc[ray]'") from None
+    import logging
+
+    if address is None:  # also when Ray was imported before the environment was set (a notebook, a test)
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # a lost task is reported by us, with its files
+    temp = tempfile.mkdtemp(prefix="g4e-ray-") if address is None else None  # short: Ray's sockets live in it
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # Ray prints worker deaths on stdout, which is --json's
+            try:
+                if address is None:  # "local" always starts a new Ray, never joins one found on the machine
+                    ray.init(address="local", include_dashboard=False, object_store_memory=256 << 20,
+                             _temp_dir=temp, log_to_driver=False, logging_level=logging.ERROR)
+                else:
+                    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+                raise UsageError(f"cannot start or join Ray ({address or 'local'}): {str(e).splitlines()[0]}") from None
+            try:
+                with warnings.catch_warnings():  # Ray's own deprecations, not the user's to act on
+                    warnings.simplefilter("ignore")
+                    ctx = ray.data.DataContext.get_current()
+                ctx.max_errored_blocks = -1  # a lost task is found by its missing id and retried file by file
+                ctx.wait_for_min_actors_s = local_wait_s if address is None else remote_wait_s
+                ctx.enable_progress_bars = False
+                ctx.print_on_execution_start = False
+                yield ray
+            finally:
+                ray.shutdown()
+    finally:
+        if temp:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def encode_on_ray(todo: list[Item], out: Path, options: Options, bar, log, done: int) -> tuple[Summary, dict]:
+    """Encode `todo` on Ray; rows land in OUT's manifest as tasks return. Call with OUT's lock held."""
+    summary = Summary()
+    if not todo:
+        log(f"{done} files, all done already; Ray not started")
+        return summary, {"ray_address": options.ray_address or "local"}
+    from .model import find_checkpoint
+
+    find_checkpoint(options.model)  # a wrong --model is told here, not by every actor in turn
+    model = str(Path(options.model).resolve()) if Path(options.model).is_dir() else options.model
+    options = replace(options, model=model)  # actors start elsewhere: no relative paths
+    with connect(options.ray_address) as ray:
+        pool = plan_pool(ray.cluster_resources(), options)
+        options = replace(options, workers=pool.cpus - 1)
+        log(f"{done + len(todo)} files, {done} already done; Ray ({options.ray_address or 'local'}): "
+            f"{pool.actors} actor(s) on {pool.device}, {pool.cpus} CPU(s) each, tasks of {options.task_files} files")
+        progress = bar(len(todo))
+        start = time.perf_counter()
+        try:
+            lost = _round(ray, make_tasks(todo, options.task_files), pool, out, options, summary, progress)
+            if lost:
+                files = [it for t in lost for it in _items(t)]
+                log(f"{len(lost)} task(s) did not come back; trying their {len(files)} file(s) one by one")
+                lost = _round(ray, make_tasks(files, 1), pool, out, options, summary, progress)
+            if lost:
+                rows = [failed_row(_items(t)[0], "worker_died" if t["error"] == DIED else "error", t["error"])
+                        for t in lost]
+                _record(out, rows, 0, options, summary, progress)
+        finally:
+            progress.close()
+        summary.seconds = time.perf_counter() - start
+    return summary, {"device": pool.device, "ray_address": options.ray_address or "local", "ray_actors": pool.actors,
+                     "task_files": options.task_files}
+
+
+def _round(ray, tasks: list[dict], pool: Pool, out: Path, options: Options, summary: Summary,
+           progress: Progress) -> list[dict]:
+    """Run tasks through the actor pool, recording each one's rows as it returns.
+
+    Returns the tasks that did not come back, each with the reason; their shards are removed."""
+    ds = ray.data.from_items(tasks, override_num_blocks=len(tasks))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Ray 2.60 has no named parameter for max_restarts/max_task_retries yet
+        ds = ds.map_batches(
+            TaskEncoder, batch_size=1, fn_constructor_kwargs={"options": options, "out": str(out)},
+            # one task in flight per actor: a death costs only its own task a retry
+            compute=ray.data.ActorPoolStrategy(size=min(pool.actors, len(tasks)), max_tasks_in_flight_per_actor=1),
+            num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=-1, max_task_retries=RETRIES)
+    errors: dict[str, str] = {}
+    for row in ds.iter_rows():
+        error = str(row["error"])
+        if error.startswith("output: "):
+            raise OutputError(error.removeprefix("output: "))
+        if error:
+            errors[str(row["id"])] = error
+            continue
+        errors[str(row["id"])] = ""
+        _record(out, json.loads(str(row["rows"])), int(row["patches"]), options, summary, progress)
+    lost = [t | {"error": errors.get(t["id"]) or DIED} for t in tasks if errors.get(t["id"]) != ""]
+    for t in lost:  # a task that died after writing a shard, before its rows came back
+        for p in out.glob(f"shard-{t['id']}-*.safetensors"):
+            if SHARD_RE.match(p.name):
+                p.unlink(missing_ok=True)
+    return lost
+
+
+def _record(out: Path, rows: list[dict], patches: int, options: Options, summary: Summary, progress: Progress) -> None:
+    append_rows(out, rows)
+    for r in rows:
+        summary.count(r["status"])
+        summary.frames += r["frames"] if r["status"] == "ok" else 0
+        summary.tokens += r["tokens"] or 0
+    summary.patches += patches
+    progress.advance(len(rows), patches)
+    if options.max_failures is not None and summary.failed > options.max_failures:
+        raise TooManyFailures(f"{summary.failed} files failed, more than --max-failures {options.max_failures}")

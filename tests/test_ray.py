@@ -1,0 +1,225 @@
+"""--engine ray on a real local Ray (loopback, 2 CPU actors): same embeddings as the local engine,
+resume, bounded retries of actors that die, and fast, clear failures.
+
+Float32 on both sides; tokens must match the local engine's within 1e-5 × their scale (the
+actors run torch with their own thread count, so summation order may differ)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gemma4enc.discover import discover
+from gemma4enc.errors import UsageError
+from gemma4enc.options import Options
+
+from .corpus import good_media
+from .test_cli import BASE, encode, shard_tokens
+from .test_reliability import by_name, verify
+from .test_tower import close
+
+pytest.importorskip("ray")
+
+RAY = ["--engine", "ray", "--ray-actors", "2", "--workers", "0"]
+
+# Makes a Ray worker die (os._exit) when it is about to encode always.jpg, every time, and when it is
+# about to encode once.jpg the first time only: what the OOM killer or a segfault does to an actor.
+KILLER = '''
+import os, sys
+if os.environ.get("G4E_TEST_MARKS") and "default_worker.py" in " ".join(sys.argv):
+    import importlib.abc, importlib.util
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "gemma4enc.pipeline":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                finish = module._finish
+
+                def _finish(window, *args, **kwargs):
+                    for d in window:
+                        name = os.path.basename(d.item.path)
+                        mark = os.path.join(os.environ["G4E_TEST_MARKS"], name)
+                        if name == "always.jpg" or (name == "once.jpg" and not os.path.exists(mark)):
+                            open(mark, "a").write(f"{os.getpid()}\\n")
+                            os._exit(1)
+                    return finish(window, *args, **kwargs)
+                module._finish = _finish
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Hook())
+'''
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    root = good_media(tmp_path_factory.mktemp("ray") / "media")
+    (root / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 100)
+    return root
+
+
+@pytest.fixture(scope="module")
+def local(media, ckpt, tmp_path_factory):
+    """The local engine's tokens: what Ray must reproduce."""
+    out = tmp_path_factory.mktemp("local") / "out"
+    result = encode([media, "-o", out, "--model", ckpt, *BASE])
+    assert result.exit_code == 1, result.output  # broken.jpg
+    return shard_tokens(out)[1]
+
+
+def same_tokens(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for path, t in got.items():
+        assert t.shape == want[path].shape and close(t, want[path], 1e-5), path
+
+
+def test_ray_equals_local_and_resumes_what_is_left(media, ckpt, local, tmp_path):
+    out = tmp_path / "out"
+    files = sorted(str(p) for p in media.iterdir())
+    started = [f for f in files if "photo" in f][:3]
+    first = encode([*started, "-o", out, "--model", ckpt, *BASE])  # the local engine starts the folder
+    assert first.exit_code == 0, first.output
+
+    result = encode([media, "-o", out, "--model", ckpt, *BASE, *RAY, "--task-files", "2"])
+    assert result.exit_code == 1, result.output  # broken.jpg
+    summary = json.loads(result.stdout)  # stdout stays pure JSON although Ray prints on it
+    assert summary["engine"] == "ray" and summary["ray_actors"] == 2 and summary["ray_address"] == "local"
+    assert summary["done_before"] == 3 and summary["encoded"] + summary["failed"] == len(files) - 3
+    assert by_name(out)["broken.jpg"]["status"] == "decode_error"
+    same_tokens(shard_tokens(out)[1], local)
+
+    # each task's shard is named from its files: the names the driver can compute again
+    items, _ = discover([str(media)], None, [], [], False)
+    from gemma4enc.ray_engine import make_tasks
+
+    tasks = {t["id"]: t for t in make_tasks([i for i in items if i.path not in started], 2)}
+    ray_shards = {p.name for p in out.glob("shard-*-000.safetensors")}
+    assert ray_shards and {n.split("-")[1] for n in ray_shards} <= set(tasks)
+    report = verify(out)
+    assert report["ok"] and not report["warnings"], report
+
+    orphan = out / "shard-0123456789abcdef-000.safetensors"  # what a driver killed mid-task leaves
+    orphan.write_bytes((out / sorted(ray_shards)[0]).read_bytes())
+    start = time.perf_counter()
+    again = encode([media, "-o", out, "--model", ckpt, *BASE, *RAY, "--retry-failed"])
+    assert json.loads(again.stdout)["encoded"] == 0 and json.loads(again.stdout)["by_status"] == {"decode_error": 1}
+    nothing = encode([media, "-o", out, "--model", ckpt, *BASE, *RAY])
+    assert nothing.exit_code == 0 and json.loads(nothing.stdout)["done_before"] == len(files)
+    assert "ray_actors" not in json.loads(nothing.stdout)  # nothing to do: Ray was not started
+    assert not orphan.exists() and verify(out)["ok"]
+    assert time.perf_counter() - start < 120
+
+
+def test_a_dying_worker_is_retried_and_a_file_that_always_kills_it_is_recorded(media, ckpt, local, tmp_path,
+                                                                                monkeypatch):
+    work = tmp_path / "media"
+    work.mkdir()
+    for p in media.iterdir():
+        (work / p.name).write_bytes(p.read_bytes())
+    (work / "always.jpg").write_bytes((media / "photo0.jpg").read_bytes())
+    (work / "once.jpg").write_bytes((media / "photo1.jpg").read_bytes())
+    hook, marks = tmp_path / "hook", tmp_path / "marks"
+    hook.mkdir(), marks.mkdir()
+    (hook / "sitecustomize.py").write_text(KILLER)
+    monkeypatch.setenv("PYTHONPATH", f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("G4E_TEST_MARKS", str(marks))
+
+    out = tmp_path / "out"
+    result = encode([work, "-o", out, "--model", ckpt, *BASE, *RAY, "--task-files", "3"])
+    assert result.exit_code == 1, result.output
+    rows = by_name(out)
+    assert rows["always.jpg"]["status"] == "worker_died" and "died 3 times" in rows["always.jpg"]["error"]
+    assert rows["once.jpg"]["status"] == "ok" and rows["broken.jpg"]["status"] == "decode_error"
+    assert len((marks / "once.jpg").read_text().split()) == 1  # killed once, then retried and done
+    assert len((marks / "always.jpg").read_text().split()) == 6  # 3 tries in its task, 3 alone: bounded
+    assert set(rows) == {p.name for p in work.iterdir()}  # no file lost with its task
+    tokens = shard_tokens(out)[1]
+    renamed = {str(media / Path(p).name): t for p, t in tokens.items() if Path(p).name != "once.jpg"}
+    same_tokens(renamed, local)
+    assert close(tokens[str(work / "once.jpg")], local[str(media / "photo1.jpg")], 1e-5)
+    report = verify(out)
+    assert report["ok"] and not report["warnings"], report  # the dead tasks' shards were removed
+
+
+def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.perf_counter()
+    result = encode([media, "-o", tmp_path / "a", "--model", ckpt, *BASE, "--engine", "ray",
+                     "--ray-address", f"127.0.0.1:{port}"])
+    assert result.exit_code == 2 and "cannot reach a Ray cluster" in result.output
+    assert time.perf_counter() - start < 15
+
+    result = encode([media, "-o", tmp_path / "b", "--model", ckpt, *BASE[2:], "--device", "cuda", "--engine", "ray"])
+    assert result.exit_code == 2 and "the Ray cluster has 0" in result.output, result.output
+    assert not list((tmp_path / "b").glob("*.safetensors"))
+
+    result = encode([media, "-o", tmp_path / "c", "--model", ckpt, "--engine", "ray", "--ray-address", "x"])
+    assert result.exit_code == 2 and "HOST:PORT" in result.output
+    result = encode([media, "-o", tmp_path / "d", "--model", ckpt, "--ray-actors", "2"])
+    assert result.exit_code == 2 and "need --engine ray" in result.output
+
+
+def test_pool_sizes_from_the_cluster():
+    from gemma4enc.ray_engine import plan_pool
+
+    gpu = plan_pool({"GPU": 4, "CPU": 32}, Options())
+    assert (gpu.actors, gpu.gpus, gpu.cpus, gpu.device) == (4, 1, 8, "cuda")  # 7 decode workers each
+    assert plan_pool({"GPU": 4, "CPU": 32}, Options(ray_actors=2, workers=3)).cpus == 4
+    cpu = plan_pool({"GPU": 4, "CPU": 6}, Options(device="cpu", workers=1))
+    assert (cpu.actors, cpu.gpus, cpu.cpus, cpu.device) == (3, 0, 2, "cpu")
+    with pytest.raises(UsageError, match="the Ray cluster has 4"):
+        plan_pool({"GPU": 4, "CPU": 64}, Options(ray_actors=5))
+    with pytest.raises(UsageError, match="need 6 CPUs"):
+        plan_pool({"CPU": 4}, Options(device="cpu", ray_actors=3, workers=1))
+    with pytest.raises(UsageError, match="--device auto, cuda or cpu"):
+        plan_pool({"GPU": 2, "CPU": 8}, Options(device="cuda:1"))
+
+
+def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats():
+    from gemma4enc.ray_engine import connect
+
+    def listening() -> set[str]:
+        found = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A":  # LISTEN
+                    found.add(local)
+        return found
+
+    before = listening()
+    with connect(None) as ray:
+        new = listening() - before
+        from ray._common.usage import usage_lib
+
+        assert not usage_lib.usage_stats_enabled()
+        assert ray.is_initialized()
+    assert new, "Ray opened no listening socket?"
+    loopback = ("0100007F:", "00000000000000000000000001000000:", "0000000000000000FFFF00000100007F:")  # 127.0.0.1, ::1, ::ffff:127.0.0.1
+    assert all(addr.startswith(loopback) for addr in new), new
+    assert not any(addr.endswith(":2031") for addr in new)  # 8265, the dashboard's port
+
+
+def test_the_local_engine_does_not_import_ray(media, ckpt, tmp_path):
+    code = ("import sys; from typer.testing import CliRunner; from gemma4enc.cli import app; "
+            f"r = CliRunner().invoke(app, ['encode', {str(media / 'photo0.jpg')!r}, '-o', {str(tmp_path / 'o')!r}, "
+            f"'--model', {str(ckpt)!r}, '--device', 'cpu', '-q']); "
+            "assert r.exit_code == 0, r.output; assert 'ray' not in sys.modules; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "ok", done.stderr
