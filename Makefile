@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # plain torch requirement never pulls a multi-GB CUDA build. Override to choose.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install test bench bench-e2e demo clean
+.PHONY: install test bench bench-e2e bench-rss demo clean
 
 install:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -27,6 +27,9 @@ bench:
 
 bench-e2e:
 	$(PY) -m gemma4enc bench --e2e --device cpu --layers 2 --items 40 --json bench-out/e2e.json
+
+bench-rss:
+	$(PY) -m gemma4enc bench --rss --items 500 --json bench-out/rss.json
 
 demo:
 	$(PY) -m gemma4enc demo ./demo

@@ -8,6 +8,7 @@ measured in the same run.
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -273,4 +274,61 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
         log(f"{m:<12} {rate[m]:>8.2f} items/s   host RSS growth {peaks[m] / 2**20:>7.1f} MB")
     log(f"overlap (end-to-end / min(decode-only, encode-only)): {overlap:.2f}; "
         f"end-to-end / encode-only: {report['end_to_end_vs_encode_only']:.2f}")
+    return report
+
+
+def rss(counts=(500, 5000), workers=None, log=print) -> dict:
+    """Peak RSS of a real `gemma4enc encode` over folders of `counts` files: does memory grow with the folder?
+
+    Small generated photos and clips (hard links, so 5,000 files cost no disk), the tiny random
+    checkpoint of `demo`, CPU; each run is a fresh process whose peak RSS the kernel reports (wait4).
+    Decode workers are separate processes (each holds one file) and are not in the figure.
+    """
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from PIL import Image
+
+    from .demo import barcode_frame, build, write_video
+    from .workers import default_workers
+
+    workers = default_workers() if workers is None else workers
+    report = {"workers": workers, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="gemma4enc-rss-") as tmp:
+        tmp = Path(tmp)
+        build(tmp / "ckpt", seed=0)
+        seeds = tmp / "seeds"
+        seeds.mkdir()
+        for i, (w, h) in enumerate([(160, 120), (120, 160), (200, 100), (96, 96), (240, 135)]):
+            Image.fromarray(barcode_frame(i, w, h)).save(seeds / f"p{i}.jpg")
+        write_video(seeds / "clip.mp4", frames=16, size=(96, 64))
+        seed_files = sorted(seeds.iterdir())
+        for n in counts:
+            media = tmp / f"media{n}"
+            for i in range(n):  # 1 in 6 a clip (4 frames sampled), the rest photos
+                sub = media / f"{i // 1000:03d}"
+                sub.mkdir(parents=True, exist_ok=True)
+                seed = seed_files[i % len(seed_files)]
+                os.link(seed, sub / f"{i:06d}{seed.suffix}")
+            cmd = [sys.executable, "-m", "gemma4enc", "encode", str(media), "-o", str(tmp / f"out{n}"),
+                   "--model", str(tmp / "ckpt"), "--device", "cpu", "--dtype", "float32", "--frames", "4",
+                   "--workers", str(workers), "--json", "-q"]
+            start = time.perf_counter()
+            with open(tmp / "out.json", "wb") as out, open(tmp / "err.txt", "wb") as err:
+                proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+                _, status, usage = os.wait4(proc.pid, 0)  # not proc.wait(): wait4 also gives the peak RSS
+                proc.returncode = os.waitstatus_to_exitcode(status)
+            seconds = time.perf_counter() - start
+            summary = json.loads((tmp / "out.json").read_text() or "{}")
+            if proc.returncode != 0 or summary.get("encoded") != n:
+                raise RuntimeError(f"encode of {n} files failed ({proc.returncode}): {(tmp / 'err.txt').read_text()[-500:]}")
+            peak = usage.ru_maxrss * 1024  # KiB; the largest process of the run's tree that was waited for
+            report["runs"][n] = {"files": n, "seconds": seconds, "peak_rss_bytes": peak}
+            log(f"{n:>6} files: {seconds:7.1f} s, {n / seconds:6.1f} files/s, peak RSS {peak / 2**20:7.1f} MB")
+    small, large = (report["runs"][n]["peak_rss_bytes"] for n in (min(counts), max(counts)))
+    report["ratio"] = large / small
+    log(f"peak RSS {max(counts)} files / {min(counts)} files: {report['ratio']:.2f} (target ≤ 1.2)")
     return report

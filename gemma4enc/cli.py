@@ -51,6 +51,7 @@ Hash = Annotated[bool, typer.Option("--hash", help="Also compare files by conten
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Try again the files whose last row is a failure.")]
 MaxFailures = Annotated[Optional[int], typer.Option("--max-failures", help="Abort with exit code 3 once more files than this fail.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace what OUT holds (its shards, manifest, settings) instead of resuming.")]
+Devices = Annotated[Optional[str], typer.Option("--devices", help="Several devices, one tower each: all (every CUDA device) or a list like cuda:0,cuda:1.")]
 Engine = Annotated[str, typer.Option("--engine", help="local (this machine) or ray (a Ray Data actor pool; pip install 'gemma4enc[ray]').")]
 RayAddress = Annotated[Optional[str], typer.Option("--ray-address", help="With --engine ray: auto or HOST:PORT of a running cluster (default: a private local Ray on loopback).")]
 RayActors = Annotated[Optional[int], typer.Option("--ray-actors", help="With --engine ray: actors (default: one per GPU of the cluster, else one per CPU).")]
@@ -95,6 +96,8 @@ def _options(**kw):
         raise UsageError(f"--engine {kw['engine']!r}: use local or ray")
     if kw["engine"] != "ray" and (kw["ray_address"] or kw["ray_actors"]):
         raise UsageError("--ray-address and --ray-actors need --engine ray")
+    if kw["engine"] == "ray" and kw["devices"]:
+        raise UsageError("--devices is for the local engine; with --engine ray each actor has a GPU of its own")
     if kw["task_files"] < 1 or (kw["ray_actors"] is not None and kw["ray_actors"] < 1):
         raise UsageError("--task-files and --ray-actors must be at least 1")
     if (kw["workers"] or 0) < 0 or kw["decode_timeout"] < 0 or kw["flush_seconds"] < 0 or (kw["max_failures"] or 0) < 0:
@@ -149,6 +152,7 @@ def encode(
     model: Model = "google/gemma-4-E2B-it",
     dtype: Dtype = "auto",
     device: Device = "auto",
+    devices: Devices = None,
     image_tokens: ImageTokens = 280,
     video_tokens: VideoTokens = 70,
     frames: Frames = 32,
@@ -188,7 +192,7 @@ def encode(
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
-        options = _options(model=model, dtype=dtype, device=device, image_tokens=image_tokens,
+        options = _options(model=model, dtype=dtype, device=device, devices=devices, image_tokens=image_tokens,
                            video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
                            video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
                            max_batch_patches=max_batch_patches, shard_size=shard_size, out_dtype=out_dtype,
@@ -309,15 +313,19 @@ def bench(
     dtype: Dtype = "auto",
     max_batch_patches: MaxPatches = None,
     e2e: Annotated[bool, typer.Option("--e2e", help="Instead: a generated folder through decode workers, tower and shards; decode-only, encode-only, end-to-end and their overlap.")] = False,
+    rss: Annotated[bool, typer.Option("--rss", help="Instead: peak RSS of encode over folders of ITEMS and 10 × ITEMS generated files (does memory grow with the folder?).")] = False,
     workers: Workers = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON here.")] = None,
 ):
     """Benchmark hf-padded, serial, bucket and pack side by side (items/s, patches/s, memory, MFU)."""
     from .bench import bench as run_bench
     from .bench import e2e as run_e2e
+    from .bench import rss as run_rss
 
     try:
-        if e2e:
+        if rss:
+            report = run_rss((items, 10 * items), workers, log=lambda s: typer.echo(s))
+        elif e2e:
             report = run_e2e(size, layers, device, dtype, items, workers, repeats, log=lambda s: typer.echo(s))
         else:
             report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
@@ -336,7 +344,7 @@ def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo chec
 
     ckpt, media = make_demo(folder)
     typer.echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)
-    encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu",
+    encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu", devices=None,
            image_tokens=280, video_tokens=70, frames=8, fps=None, max_frames=32, video_backend="auto",
            batching="auto", memory_fraction=0.7, max_batch_patches=None, shard_size="1GB", out_dtype="float32",
            files_from=None, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,

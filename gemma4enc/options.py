@@ -51,6 +51,8 @@ class Options:
     retry_failed: bool = False
     # abort (exit 3) once more files than this have failed in this run (None: never)
     max_failures: int | None = None
+    # several devices, one tower each ("all" = every CUDA device, or "cuda:0,cuda:1"); None: --device alone
+    devices: str | None = None
     # local: this process (and its decode workers) | ray: a Ray Data actor pool (ray_engine.py)
     engine: str = "local"
     # --engine ray: None starts a private local Ray; "auto" or HOST:PORT joins a running cluster

@@ -8,7 +8,10 @@ whatever the folder's size.
 
 from __future__ import annotations
 
+import queue
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +33,7 @@ class Summary:
     tokens: int = 0
     seconds: float = 0.0
     by_status: dict[str, int] = field(default_factory=dict)
+    device_patches: list[int] = field(default_factory=list)  # patches each tower encoded
 
     def count(self, status: str) -> None:
         self.files += 1
@@ -74,6 +78,7 @@ class Encoder:
 
     def __init__(self, tower, mode: str, max_patches: int):
         self.tower, self.mode, self.max_patches = tower, mode, max_patches
+        self.patches = 0  # encoded so far: how the work was shared between devices
 
     def run(self, units: list[Unit]) -> tuple[dict[tuple[int, int], torch.Tensor], dict[int, str]]:
         """(file, frame) → tokens, and file → error for units that failed even alone."""
@@ -98,17 +103,40 @@ class Encoder:
             self._encode(batch[:half], out, failed)
             self._encode(batch[half:], out, failed)
             return
+        self.patches += sum(u.patches.n for u in batch)
         for u, t in zip(batch, tokens):
             out[(u.file, u.frame)] = t
 
 
 def run(items: list[Item], tower, options: Options, writer: ShardWriter, mode: str, max_patches: int,
         progress: Progress | None = None, window_patches: int | None = None) -> Summary:
-    """Encode every item; rows and shards go to `writer`. Returns counts for the summary."""
+    """Encode every item; rows and shards go to `writer`. Returns counts for the summary.
+
+    `tower` may be a list of towers (--devices): each window then goes to the first free one,
+    so devices share the work by its size, and since a window is planned the same way whatever
+    runs it, the output equals a single-device run's. Windows are recorded in input order."""
     progress = progress or Progress()
-    encoder = Encoder(tower, mode, max_patches)
+    towers = tower if isinstance(tower, (list, tuple)) else [tower]
+    free: queue.SimpleQueue[Encoder] = queue.SimpleQueue()
+    for t in towers:
+        free.put(Encoder(t, mode, max_patches))
     window_patches = window_patches or max(4 * max_patches, 20_000)
     summary, start = Summary(), time.perf_counter()
+    threads = ThreadPoolExecutor(len(towers), thread_name_prefix="gemma4enc-tower") if len(towers) > 1 else None
+    inflight: deque[tuple[list[Decoded], Future]] = deque()
+    ahead = len(towers) if threads else 0  # windows encoding while the next one is decoded
+
+    def submit(window: list[Decoded]) -> None:
+        if threads is None:
+            done: Future = Future()
+            done.set_result(_encode(window, free))
+            inflight.append((window, done))
+        else:
+            inflight.append((window, threads.submit(_encode, window, free)))
+        while inflight and (len(inflight) > ahead or inflight[0][1].done()):
+            w, result = inflight.popleft()
+            _record(w, *result.result(), writer, summary, progress, options)
+
     window: list[Decoded] = []
     size = 0
     pool = DecodePool(options, options.workers, options.decode_timeout)
@@ -118,20 +146,43 @@ def run(items: list[Item], tower, options: Options, writer: ShardWriter, mode: s
             window.append(d)
             size += sum(p.n for p in d.patches)
             if size >= window_patches:
-                _finish(window, encoder, writer, summary, progress, options)
+                submit(window)
                 window, size = [], 0
-        _finish(window, encoder, writer, summary, progress, options)
+        submit(window)
+        while inflight:
+            w, result = inflight.popleft()
+            _record(w, *result.result(), writer, summary, progress, options)
     finally:
         decoded.close()  # stops the workers, whatever ended the loop
+        if threads is not None:
+            threads.shutdown(cancel_futures=True)
     writer.flush()
     summary.seconds = time.perf_counter() - start
+    order = {id(t): i for i, t in enumerate(towers)}
+    summary.device_patches = [e.patches for e in sorted(_drain(free), key=lambda e: order[id(e.tower)])]
     return summary
 
 
-def _finish(window: list[Decoded], encoder: Encoder, writer: ShardWriter, summary: Summary,
+def _drain(free: queue.SimpleQueue) -> list:
+    out = []
+    while not free.empty():
+        out.append(free.get())
+    return out
+
+
+def _encode(window: list[Decoded], free: queue.SimpleQueue):
+    """Plan and encode one window on the first free tower."""
+    encoder = free.get()
+    try:
+        units = [Unit(i, f, p) for i, d in enumerate(window) for f, p in enumerate(d.patches)]
+        return encoder.run(units)
+    finally:
+        free.put(encoder)
+
+
+def _record(window: list[Decoded], tokens: dict, oom: dict, writer: ShardWriter, summary: Summary,
             progress: Progress, options: Options) -> None:
-    units = [Unit(i, f, p) for i, d in enumerate(window) for f, p in enumerate(d.patches)]
-    tokens, oom = encoder.run(units)
+    """A window's files, in order, to the writer and the counts."""
     for i, d in enumerate(window):
         if d.status != "ok":
             writer.add(failed_row(d.item, d.status, d.error))

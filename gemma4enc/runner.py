@@ -34,17 +34,33 @@ def metadata(options: Options, tower) -> dict[str, str]:
     }
 
 
-def open_tower(options: Options):
-    """--model, --dtype, --device, --batching → (tower, dtype name, batching mode)."""
+def devices(options: Options) -> list[str]:
+    """--devices (all | a comma list) or the one --device."""
+    if not options.devices:
+        return [options.device]
+    if options.devices == "all":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--devices all: this torch sees no CUDA device; use --device cpu")
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    names = [d.strip() for d in options.devices.split(",") if d.strip()]
+    if not names:
+        raise UsageError(f"--devices {options.devices!r}: use all or a list like cuda:0,cuda:1")
+    return names
+
+
+def open_tower(options: Options, device: str | None = None):
+    """--model, --dtype, --device (or `device`), --batching → (tower, dtype name, batching mode)."""
+    from .model import parse_device
     from .plan import resolve_batching
     from .tower import load_tower
 
+    device = device or options.device
     dtype = options.dtype
     if dtype == "auto":
-        from .model import parse_device
-
-        dtype = "bfloat16" if parse_device(options.device).type == "cuda" else "float32"
-    tower = load_tower(options.model, dtype, options.device)
+        dtype = "bfloat16" if parse_device(device).type == "cuda" else "float32"
+    tower = load_tower(options.model, dtype, device)
     return tower, dtype, resolve_batching(options.batching, tower.device)
 
 
@@ -87,21 +103,26 @@ def _encode_here(todo: list[Item], out: Path, options: Options, bar, log, done: 
     from .pipeline import run
     from .plan import budget_patches
 
-    tower, dtype, mode = open_tower(options)
-    max_patches = budget_patches(tower, options, mode) if todo else 0
-    log(f"{done + len(todo)} files, {done} already done; {tower.device}, {dtype}, "
+    towers = [open_tower(options, device) for device in devices(options)]
+    (tower, dtype, mode), towers = towers[0], [t for t, _, _ in towers]
+    if len({(t.device.type, t.dtype) for t in towers}) > 1:
+        raise UsageError("--devices: give devices of one kind (their outputs must be the same)")
+    max_patches = min(budget_patches(t, options, mode) for t in towers) if todo else 0
+    names = ", ".join(str(t.device) for t in towers)
+    log(f"{done + len(todo)} files, {done} already done; {names}, {dtype}, "
         f"batching {mode}, ≤{max_patches} patches per call")
     writer = ShardWriter(out, options.out_dtype, metadata(options, tower), options.shard_bytes, options.pooled,
                          options.flush_seconds)
     progress = bar(len(todo))
     try:
-        summary = run(todo, tower, options, writer, mode, max_patches, progress)
+        summary = run(todo, towers, options, writer, mode, max_patches, progress)
     except KeyboardInterrupt:
         writer.flush()  # keep what is finished
         raise
     finally:
         progress.close()
-    return summary, {"device": str(tower.device), "dtype": dtype, "batching": mode, "max_batch_patches": max_patches}
+    where = {"device": names, "dtype": dtype, "batching": mode, "max_batch_patches": max_patches}
+    return summary, where | ({"device_patches": summary.device_patches} if len(towers) > 1 else {})
 
 
 def plan_report(items: list[Item], image_tokens: int, video_tokens: int, frames: int, hidden: int,

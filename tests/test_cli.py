@@ -142,6 +142,33 @@ def test_bucket_equals_serial_and_pack_is_close(media, ckpt_sharded, tmp_path):
         assert close(got["pack"][path], serial, 1e-5), path
 
 
+def test_several_devices_equal_one_and_share_the_work(media, ckpt_sharded, tmp_path):
+    """--devices: one tower per device, windows to the first free one, output bit-equal to one device."""
+    from gemma4enc.decode import Sampling
+    from gemma4enc.discover import discover
+    from gemma4enc.options import Options
+    from gemma4enc.pipeline import run as run_pipeline
+    from gemma4enc.shards import ShardWriter
+    from gemma4enc.tower import load_tower
+
+    one = encode([media, "-o", tmp_path / "one", "--model", ckpt_sharded, *BASE])
+    two = encode([media, "-o", tmp_path / "two", "--model", ckpt_sharded, *BASE, "--devices", "cpu,cpu"])
+    assert one.exit_code == two.exit_code == 0, two.output
+    assert json.loads(two.stdout)["device"] == "cpu, cpu"
+    a, b = shard_tokens(tmp_path / "one")[1], shard_tokens(tmp_path / "two")[1]
+    assert set(a) == set(b) and all(torch.equal(a[p], b[p]) for p in a)
+
+    items, _ = discover([str(media)], None, [], [], False)
+    towers = [load_tower(str(ckpt_sharded), "float32", "cpu") for _ in range(2)]
+    writer = ShardWriter(tmp_path / "direct", "float32", {})
+    options = Options(workers=0, sampling=Sampling(frames=4))  # as BASE
+    summary = run_pipeline(items, towers, options, writer, "serial", 8192, window_patches=3000)
+    assert summary.ok == len(items) and len(summary.device_patches) == 2
+    assert all(n > 0 for n in summary.device_patches) and sum(summary.device_patches) == summary.patches
+    c = shard_tokens(tmp_path / "direct")[1]
+    assert set(c) == set(a) and all(torch.equal(c[p], a[p]) for p in a)  # other windows, same tokens
+
+
 def test_files_from_stdin_and_globs(media, ckpt_sharded, tmp_path):
     listing = f"{media / 'photos' / 'tiny.png'}\n{media / 'notes.txt'}\n"
     result = encode(["--files-from", "-", "-o", tmp_path / "o", "--model", ckpt_sharded, *BASE], input=listing)
@@ -165,7 +192,8 @@ def test_plan_and_inspect(run, media):
 
 
 def test_usage_errors_exit_2(media, ckpt_sharded, tmp_path):
-    for args in (["--max-soft-tokens", "100"], ["--video-backend", "opencv"], ["--shard-size", "lots"]):
+    for args in (["--max-soft-tokens", "100"], ["--video-backend", "opencv"], ["--shard-size", "lots"],
+                 ["--devices", ","], ["--devices", "cpu,cuda:7"], ["--engine", "spark"]):
         result = encode([media, "-o", tmp_path / "x", "--model", ckpt_sharded, *args])
         assert result.exit_code == 2, args
     blocker = tmp_path / "file"
@@ -175,7 +203,6 @@ def test_usage_errors_exit_2(media, ckpt_sharded, tmp_path):
 
 
 def test_every_option_is_documented():
-    import click
     import typer.main
 
     readme = (__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text()
@@ -183,7 +210,7 @@ def test_every_option_is_documented():
     for name, command in group.commands.items():
         assert f"gemma4enc {name}" in readme, name
         for param in command.params:
-            if isinstance(param, click.Option):
+            if param.param_type_name == "option":  # typer's options are not click.Option subclasses
                 assert param.help, (name, param.name)
                 assert any(opt in readme for opt in param.opts), (name, param.opts)
 

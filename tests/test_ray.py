@@ -45,17 +45,17 @@ if os.environ.get("G4E_TEST_MARKS") and "default_worker.py" in " ".join(sys.argv
 
             def exec_module(module):
                 load(module)
-                finish = module._finish
+                encode = module._encode
 
-                def _finish(window, *args, **kwargs):
+                def _encode(window, *args, **kwargs):
                     for d in window:
                         name = os.path.basename(d.item.path)
                         mark = os.path.join(os.environ["G4E_TEST_MARKS"], name)
                         if name == "always.jpg" or (name == "once.jpg" and not os.path.exists(mark)):
                             open(mark, "a").write(f"{os.getpid()}\\n")
                             os._exit(1)
-                    return finish(window, *args, **kwargs)
-                module._finish = _finish
+                    return encode(window, *args, **kwargs)
+                module._encode = _encode
             spec.loader.exec_module = exec_module
             return spec
 
