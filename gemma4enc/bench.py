@@ -169,6 +169,7 @@ def interleaved(methods: dict, repeats: int, dev: torch.device, memory_of: torch
 def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("photos",), count=24, repeats=3,
           max_patches=None, log=print) -> dict:
     from .model import parse_device, parse_dtype
+    from .plan import measure_memory
 
     dev = parse_device(device)
     dt = parse_dtype(("bfloat16" if dev.type == "cuda" else "float32") if dtype == "auto" else dtype)
@@ -178,6 +179,7 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
     report = {"size": size, "layers": tower.config.num_hidden_layers, "device": str(dev), "dtype": str(dt),
               "threads": torch.get_num_threads(), "repeats": repeats, "max_batch_patches": max_patches,
               "workloads": {}}
+    models = {pack: measure_memory(tower, pack) for pack in (False, True)} if dev.type == "cuda" else {}
     for name in workloads:
         items = workload(name, count)
         budget = 2520 if name != "video" else 630
@@ -194,6 +196,12 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
         for m in rows:
             rows[m]["vs_serial"] = rows["serial"]["seconds"] / rows[m]["seconds"]
             rows[m]["vs_hf_padded"] = rows["hf-padded"]["seconds"] / rows[m]["seconds"]
+        if dev.type == "cuda":  # the memory model's prediction for the biggest call, against the measured peak
+            for m in ("serial", "bucket", "pack"):
+                planned = batches([Unit(i, 0, p) for i, p in enumerate(items)], m, max_patches)
+                predicted = max(models[m == "pack"].peak([u.patches.n for u in b]) for b in planned)
+                rows[m]["model_peak_bytes"] = predicted
+                rows[m]["peak_vs_model"] = rows[m]["peak_bytes"] / predicted
         report["workloads"][name] = {"items": len(items), "patches": patches, "methods": rows}
         log(table(name, len(items), rows))
     return report
@@ -201,11 +209,13 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
 
 def table(name: str, count: int, rows: dict) -> str:
     lines = [f"\n{name}: {count} items",
-             f"{'method':<10} {'s':>8} {'items/s':>9} {'patches/s':>11} {'vs serial':>9} {'vs hf':>7} {'peak MB':>9} {'MFU':>6}"]
+             f"{'method':<10} {'s':>8} {'items/s':>9} {'patches/s':>11} {'vs serial':>9} {'vs hf':>7} {'peak MB':>9} "
+             f"{'/model':>7} {'MFU':>6}"]
     for m, r in rows.items():
         mfu = f"{r['mfu']:.0%}" if r["mfu"] is not None else "-"
+        vs_model = f"{r['peak_vs_model']:.2f}" if "peak_vs_model" in r else "-"
         lines.append(f"{m:<10} {r['seconds']:>8.3f} {r['items_per_s']:>9.2f} {r['patches_per_s']:>11,.0f} "
-                     f"{r['vs_serial']:>9.2f} {r['vs_hf_padded']:>7.2f} {r['peak_bytes'] / 2**20:>9.1f} {mfu:>6}")
+                     f"{r['vs_serial']:>9.2f} {r['vs_hf_padded']:>7.2f} {r['peak_bytes'] / 2**20:>9.1f} {vs_model:>7} {mfu:>6}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .patches import Patches
+from .patches import POOL, Patches
 
 CPU_PATCHES = 8192  # on the CPU batching buys little (see README, bench): keep working sets small
 BATCHINGS = ("auto", "serial", "bucket", "pack")
@@ -71,12 +71,49 @@ def probe_items(n: int, count: int, seed: int = 0) -> list[Patches]:
     return [Patches(rng.integers(0, 256, (len(positions), 768), dtype=np.uint8), positions) for _ in range(count)]
 
 
-def measure_bytes_per_patch(tower, pack: bool) -> tuple[float, float]:
-    """Peak CUDA bytes of a tower call = fixed + per_patch·N, fitted from two probe calls."""
-    sizes = (2304, 4 * 2304)
-    peaks = []
-    for total in sizes:
-        items = probe_items(2304, total // 2304)
+@dataclass(frozen=True)
+class MemoryModel:
+    """Peak accelerator bytes of one tower call on items of n_i patches:
+
+        fixed + per_patch · Σ n_i + per_patch_sq · Σ n_i²
+
+    The linear term is activations (hidden states, MLP, q/k/v, pooling); the quadratic one is
+    attention scores where the kernel materialises them (per item: attention never crosses
+    items), ~0 for flash / memory-efficient / varlen kernels. Measured on the device at start.
+    """
+
+    fixed: float
+    per_patch: float
+    per_patch_sq: float
+
+    def peak(self, sizes: list[int]) -> float:
+        return self.fixed + self.per_patch * sum(sizes) + self.per_patch_sq * sum(n * n for n in sizes)
+
+    def max_patches(self, budget: float, largest: int) -> int:
+        """Patches per call within `budget` when no item exceeds `largest` patches (Σn² ≤ N·largest)."""
+        return int((budget - self.fixed) / (self.per_patch + self.per_patch_sq * largest))
+
+
+# (patches per item, items): Σn equal in the first two, Σn² 4× apart, so both terms are seen
+PROBES = ((576, 4), (2304, 1), (2304, 4))
+
+
+def fit_memory(calls: list[list[int]], peaks: list[float]) -> MemoryModel:
+    """Least squares over probe calls; a term the device does not show (negative fit) is dropped."""
+    a = np.array([[1.0, sum(c), sum(n * n for n in c)] for c in calls])
+    y = np.array(peaks, dtype=float)
+    coef = np.linalg.lstsq(a, y, rcond=None)[0]
+    if coef[2] < 0:
+        coef = np.append(np.linalg.lstsq(a[:, :2], y, rcond=None)[0], 0.0)
+    fixed, per_patch, per_patch_sq = coef
+    return MemoryModel(max(float(fixed), 0.0), max(float(per_patch), 1.0), float(per_patch_sq))
+
+
+def measure_memory(tower, pack: bool) -> MemoryModel:
+    """Probe calls on the device; each one's peak above what was allocated before it."""
+    calls, peaks = [], []
+    for n, count in PROBES:
+        items = probe_items(n, count)
         torch.cuda.synchronize(tower.device)
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(tower.device)
@@ -84,17 +121,24 @@ def measure_bytes_per_patch(tower, pack: bool) -> tuple[float, float]:
         tower.encode(items, pack=pack)
         torch.cuda.synchronize(tower.device)
         peaks.append(torch.cuda.max_memory_allocated(tower.device) - base)
-    per_patch = max((peaks[1] - peaks[0]) / (sizes[1] - sizes[0]), 1.0)
-    fixed = max(peaks[0] - per_patch * sizes[0], 0.0)
-    return fixed, per_patch
+        calls.append([p.n for p in items])
+    return fit_memory(calls, peaks)
+
+
+def largest_item(options) -> int:
+    """Patches of the biggest image or frame this run can meet (9 per soft token)."""
+    return POOL * POOL * max(options.image_tokens, options.video_tokens)
 
 
 def budget_patches(tower, options, mode: str) -> int:
-    """--max-batch-patches, else memory_fraction × free memory / measured bytes per patch."""
+    """--max-batch-patches, else what the measured memory model fits in memory_fraction × free memory.
+
+    Never below one largest item: an item bigger than the budget is encoded alone anyway."""
     if options.max_batch_patches:
         return options.max_batch_patches
     if tower.device.type != "cuda":
         return CPU_PATCHES
-    fixed, per_patch = measure_bytes_per_patch(tower, pack=mode == "pack")
+    model = measure_memory(tower, pack=mode == "pack")
     free, _ = torch.cuda.mem_get_info(tower.device)
-    return max(2520, int((options.memory_fraction * free - fixed) / per_patch))
+    largest = largest_item(options)
+    return max(largest, model.max_patches(options.memory_fraction * free, largest))

@@ -12,3 +12,10 @@ PY=${PY:-.venv/bin/python}
 timeout 240 "$PY" -m pytest -q -m cuda tests --junitxml="$out/gpu-tests.xml" 2>&1 | tail -5 | tee "$out/gpu-tests.txt"
 timeout 300 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 256 --repeats 3 \
     --workload photos --workload video --workload mixed --json "$out/bench-e2b.json" | tee "$out/bench-e2b.txt"
+# the engines on the GPU: --devices all, and --engine ray with one actor per GPU (tiny checkpoint, generated media)
+"$PY" -m gemma4enc demo "$out/demo" > "$out/demo.json" 2> "$out/demo.txt" || true
+timeout 90 "$PY" -m gemma4enc encode "$out/demo/media" -o "$out/devices" --model "$out/demo/tiny-gemma4" \
+    --devices all --json -q > "$out/devices.json" || true
+timeout 150 "$PY" -m gemma4enc encode "$out/demo/media" -o "$out/ray" --model "$out/demo/tiny-gemma4" \
+    --engine ray --device cuda --json -q > "$out/ray.json" 2> "$out/ray.txt" || true
+rm -rf "$out/demo" "$out/devices" "$out/ray"
