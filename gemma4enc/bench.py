@@ -292,7 +292,9 @@ def rss(counts=(500, 5000), workers=None, log=print) -> dict:
 
     Small generated photos and clips (hard links, so 5,000 files cost no disk), the tiny random
     checkpoint of `demo`, CPU; each run is a fresh process whose peak RSS the kernel reports (wait4).
-    Decode workers are separate processes (each holds one file) and are not in the figure.
+    Finished files wait in memory for their shard, which is written by size or every --flush-seconds;
+    that buffer is bounded by those two, not by the folder, and both runs flush every 10 s so that
+    both reach it (at the default 60 s a 500-file run ends before its first shard).
     """
     import os
     import subprocess
@@ -325,7 +327,7 @@ def rss(counts=(500, 5000), workers=None, log=print) -> dict:
                 os.link(seed, sub / f"{i:06d}{seed.suffix}")
             cmd = [sys.executable, "-m", "gemma4enc", "encode", str(media), "-o", str(tmp / f"out{n}"),
                    "--model", str(tmp / "ckpt"), "--device", "cpu", "--dtype", "float32", "--frames", "4",
-                   "--workers", str(workers), "--json", "-q"]
+                   "--workers", str(workers), "--flush-seconds", "10", "--json", "-q"]
             start = time.perf_counter()
             with open(tmp / "out.json", "wb") as out, open(tmp / "err.txt", "wb") as err:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=err)

@@ -152,9 +152,10 @@ def connect(address: str | None, remote_wait_s: int = 600, local_wait_s: int = 1
         raise UsageError("--engine ray needs Ray: pip install 'gemma4enc[ray]'") from None
     import logging
 
-    if address is None:  # also when Ray was imported before the environment was set (a notebook, a test)
-        from ray._private import ray_constants
+    from ray._private import ray_constants
 
+    cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
+    if address is None:  # also when Ray was imported before the environment was set (a notebook, a test)
         ray_constants.ENABLE_RAY_CLUSTER = False
     logging.getLogger("ray").setLevel(logging.ERROR)
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # a lost task is reported by us, with its files
@@ -181,6 +182,7 @@ def connect(address: str | None, remote_wait_s: int = 600, local_wait_s: int = 1
             finally:
                 ray.shutdown()
     finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
         if temp:
             shutil.rmtree(temp, ignore_errors=True)
 

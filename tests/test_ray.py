@@ -169,6 +169,11 @@ def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_pa
     assert result.exit_code == 2 and "the Ray cluster has 0" in result.output, result.output
     assert not list((tmp_path / "b").glob("*.safetensors"))
 
+    start = time.perf_counter()  # auto with no cluster running: refused, no private Ray started instead
+    result = encode([media, "-o", tmp_path / "e", "--model", ckpt, *BASE, "--engine", "ray", "--ray-address", "auto"])
+    assert result.exit_code == 2 and "cannot start or join Ray (auto)" in result.output, result.output
+    assert time.perf_counter() - start < 30
+
     result = encode([media, "-o", tmp_path / "c", "--model", ckpt, "--engine", "ray", "--ray-address", "x"])
     assert result.exit_code == 2 and "HOST:PORT" in result.output
     result = encode([media, "-o", tmp_path / "d", "--model", ckpt, "--ray-actors", "2"])
