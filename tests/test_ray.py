@@ -228,3 +228,27 @@ def test_the_local_engine_does_not_import_ray(media, ckpt, tmp_path):
             "assert r.exit_code == 0, r.output; assert 'ray' not in sys.modules; print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_killed_driver_resumes_on_ray_to_the_same_result(media, ckpt, local, tmp_path):
+    """kill -9 of the driver once rows have landed, then the same command: every file once, tokens as local."""
+    from .test_reliability import _cli
+
+    out = tmp_path / "out"
+    args = _cli(media, "-o", out, "--model", ckpt, *BASE[:-2], "-q", *RAY, "--task-files", "1")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None and not (
+            (out / "manifest.jsonl").exists() and (out / "manifest.jsonl").read_text().count("\n") >= 2):
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    cut_short = len(by_name(out)) < len(list(media.iterdir()))
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 1), done.stderr  # 1 when broken.jpg was left to this run
+    rows = by_name(out)  # never a file twice
+    assert set(rows) == {p.name for p in media.iterdir()} and cut_short
+    assert rows["broken.jpg"]["status"] == "decode_error"
+    same_tokens(shard_tokens(out)[1], local)
+    report = verify(out)
+    assert report["ok"] and not report["warnings"], report
