@@ -105,16 +105,18 @@ def hf_padded(tower: Tower, items: list[Patches], budget_patches: int) -> None:
     """The transformers way: pad every item to the budget, batches of HF_BATCH, masked attention."""
     tower.config._attn_implementation = "sdpa"
     try:
-        for i in range(0, len(items), HF_BATCH):
-            chunk = items[i: i + HF_BATCH]
-            pixels = torch.zeros((len(chunk), budget_patches, 768), dtype=torch.float32)
-            positions = torch.full((len(chunk), budget_patches, 2), -1, dtype=torch.long)
-            for row, p in enumerate(chunk):
-                pixels[row, : p.n] = torch.from_numpy(p.pixels).float() / 255
-                positions[row, : p.n] = torch.from_numpy(p.positions)
-            with torch.inference_mode():
-                out = tower.vision(pixel_values=pixels.to(tower.device), pixel_position_ids=positions.to(tower.device))
-                tower.embed(out.last_hidden_state)
+        with tower.clips.stock():  # transformers' modules as they ship
+            for i in range(0, len(items), HF_BATCH):
+                chunk = items[i: i + HF_BATCH]
+                pixels = torch.zeros((len(chunk), budget_patches, 768), dtype=torch.float32)
+                positions = torch.full((len(chunk), budget_patches, 2), -1, dtype=torch.long)
+                for row, p in enumerate(chunk):
+                    pixels[row, : p.n] = torch.from_numpy(p.pixels).float() / 255
+                    positions[row, : p.n] = torch.from_numpy(p.positions)
+                with torch.inference_mode():
+                    out = tower.vision(pixel_values=pixels.to(tower.device),
+                                       pixel_position_ids=positions.to(tower.device))
+                    tower.embed(out.last_hidden_state)
     finally:
         from .tower import ATTENTION
 

@@ -72,6 +72,18 @@ def test_bucket_is_bit_identical_to_serial(tower32, photos):
         assert torch.equal(tower32.encode([item])[0], tokens)
 
 
+def test_scalar_clips_are_bit_identical_to_the_stock_clamps(tower32, photos):
+    clips = tower32.clips.modules
+    assert clips and all(float(m.output_max) < float("inf") for m in clips)  # bounds that bite
+    items = [patchify(im, 280) for im in photos[:3]]
+    fast = tower32.encode(items, pack=True)
+    with tower32.clips.stock():
+        assert "forward" not in vars(clips[0])
+        stock = tower32.encode(items, pack=True)
+    assert "forward" in vars(clips[0])
+    assert all(torch.equal(a, b) for a, b in zip(fast, stock))
+
+
 def test_pack_equals_serial_per_item(tower32, photos):
     items = [patchify(im, budget) for im, budget in zip(photos, [70, 140, 280, 560, 70, 280, 1120, 280, 70])]
     packed = tower32.encode(items, pack=True)
