@@ -117,23 +117,21 @@ def run(items: list[Item], tower, options: Options, writer: ShardWriter, mode: s
     runs it, the output equals a single-device run's. Windows are recorded in input order."""
     progress = progress or Progress()
     towers = tower if isinstance(tower, (list, tuple)) else [tower]
+    encoders = [Encoder(t, mode, max_patches) for t in towers]
     free: queue.SimpleQueue[Encoder] = queue.SimpleQueue()
-    for t in towers:
-        free.put(Encoder(t, mode, max_patches))
+    for e in encoders:
+        free.put(e)
     window_patches = window_patches or max(4 * max_patches, 20_000)
     summary, start = Summary(), time.perf_counter()
     threads = ThreadPoolExecutor(len(towers), thread_name_prefix="gemma4enc-tower") if len(towers) > 1 else None
-    inflight: deque[tuple[list[Decoded], Future]] = deque()
-    ahead = len(towers) if threads else 0  # windows encoding while the next one is decoded
+    inflight: deque[tuple[list[Decoded], Future]] = deque()  # windows being encoded, in input order
 
     def submit(window: list[Decoded]) -> None:
         if threads is None:
-            done: Future = Future()
-            done.set_result(_encode(window, free))
-            inflight.append((window, done))
-        else:
-            inflight.append((window, threads.submit(_encode, window, free)))
-        while inflight and (len(inflight) > ahead or inflight[0][1].done()):
+            _record(window, *_encode(window, free), writer, summary, progress, options)
+            return
+        inflight.append((window, threads.submit(_encode, window, free)))
+        while inflight and (len(inflight) > len(towers) or inflight[0][1].done()):
             w, result = inflight.popleft()
             _record(w, *result.result(), writer, summary, progress, options)
 
@@ -158,16 +156,8 @@ def run(items: list[Item], tower, options: Options, writer: ShardWriter, mode: s
             threads.shutdown(cancel_futures=True)
     writer.flush()
     summary.seconds = time.perf_counter() - start
-    order = {id(t): i for i, t in enumerate(towers)}
-    summary.device_patches = [e.patches for e in sorted(_drain(free), key=lambda e: order[id(e.tower)])]
+    summary.device_patches = [e.patches for e in encoders]
     return summary
-
-
-def _drain(free: queue.SimpleQueue) -> list:
-    out = []
-    while not free.empty():
-        out.append(free.get())
-    return out
 
 
 def _encode(window: list[Decoded], free: queue.SimpleQueue):
