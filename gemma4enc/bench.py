@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .patches import POOL, Patches, patchify
-from .plan import Unit, batches
+from .plan import CPU_PATCHES, Unit, batches
 from .tower import Tower
 
 SIZES = {  # released vision towers (hidden, layers, heads, head_dim, mlp, text hidden)
@@ -29,6 +29,11 @@ SIZES = {  # released vision towers (hidden, layers, heads, head_dim, mlp, text 
 }
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12}
 HF_BATCH = 8  # images per get_image_features call in the hf-padded baseline
+
+
+def default_patches(dev: torch.device) -> int:
+    """Patches per call when the benchmark is not told: the tool's CPU cap, a fixed large pack on CUDA."""
+    return CPU_PATCHES if dev.type == "cpu" else 65536
 
 
 def random_tower(size: str, layers: int | None, device: torch.device, dtype: torch.dtype) -> Tower:
@@ -170,13 +175,13 @@ def interleaved(methods: dict, repeats: int, dev: torch.device, memory_of: torch
 
 def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("photos",), count=24, repeats=3,
           max_patches=None, log=print) -> dict:
-    from .model import parse_device, parse_dtype
+    from .model import dtype_name, parse_device, parse_dtype
     from .plan import measure_memory
 
     dev = parse_device(device)
-    dt = parse_dtype(("bfloat16" if dev.type == "cuda" else "float32") if dtype == "auto" else dtype)
+    dt = parse_dtype(dtype_name(dtype, dev))
     tower = random_tower(size, layers, dev, dt)
-    max_patches = max_patches or (8192 if dev.type == "cpu" else 65536)
+    max_patches = max_patches or default_patches(dev)
     peak = next((v for k, v in PEAK_BF16.items() if dev.type == "cuda" and k in torch.cuda.get_device_name(dev)), None)
     report = {"size": size, "layers": tower.config.num_hidden_layers, "device": str(dev), "dtype": str(dt),
               "threads": torch.get_num_threads(), "repeats": repeats, "max_batch_patches": max_patches,
@@ -234,7 +239,7 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
 
     from .demo import write_images, write_video
     from .discover import discover
-    from .model import parse_device, parse_dtype
+    from .model import dtype_name, parse_device, parse_dtype
     from .options import Options
     from .pipeline import Encoder, run
     from .plan import Unit, resolve_batching
@@ -242,10 +247,10 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
     from .workers import DecodePool, default_workers
 
     dev = parse_device(device)
-    dt = parse_dtype(("bfloat16" if dev.type == "cuda" else "float32") if dtype == "auto" else dtype)
+    dt = parse_dtype(dtype_name(dtype, dev))
     tower = random_tower(size, layers, dev, dt)
     mode = resolve_batching("auto", dev)
-    max_patches = 8192 if dev.type == "cpu" else 65536
+    max_patches = default_patches(dev)
     workers = default_workers() if workers is None else workers
     options = Options(workers=workers, decode_timeout=600)
     with tempfile.TemporaryDirectory(prefix="gemma4enc-e2e-") as tmp:

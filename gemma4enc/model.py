@@ -41,6 +41,11 @@ def parse_dtype(name: str) -> torch.dtype:
         raise UsageError(f"unknown dtype {name!r}: use one of {', '.join(DTYPES)}") from None
 
 
+def dtype_name(name: str, device: torch.device) -> str:
+    """--dtype: auto is bfloat16 on CUDA, float32 elsewhere."""
+    return ("bfloat16" if device.type == "cuda" else "float32") if name == "auto" else name
+
+
 def parse_device(name: str) -> torch.device:
     """auto → cuda, then mps, then cpu; an explicit device must exist."""
     if name == "auto":

@@ -91,6 +91,11 @@ class TaskEncoder:
             error = f"output: {e}"  # OUT stopped taking writes: the whole run stops (exit 4)
         except Exception as e:  # noqa: BLE001 - the driver retries the files one by one and records the reason
             error = f"{type(e).__name__}: {e}"
+        if error:
+            try:
+                writer.close(discard=True)  # its thread must not outlive the task; the driver drops its shards
+            except OutputError:
+                pass
         return {"id": [task["id"]], "rows": [json.dumps(rows if not error else [], ensure_ascii=True)],
                 "patches": [patches], "error": [error]}
 

@@ -52,14 +52,12 @@ def devices(options: Options) -> list[str]:
 
 def open_tower(options: Options, device: str | None = None):
     """--model, --dtype, --device (or `device`), --batching → (tower, dtype name, batching mode)."""
-    from .model import parse_device
+    from .model import dtype_name, parse_device
     from .plan import resolve_batching
     from .tower import load_tower
 
     device = device or options.device
-    dtype = options.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if parse_device(device).type == "cuda" else "float32"
+    dtype = dtype_name(options.dtype, parse_device(device))
     tower = load_tower(options.model, dtype, device)
     return tower, dtype, resolve_batching(options.batching, tower.device)
 

@@ -122,9 +122,11 @@ class ShardWriter:
         if wait:
             self._join()
 
-    def close(self) -> None:
-        """Write what is pending and end the writing thread (a long-lived Ray actor makes many writers)."""
+    def close(self, discard: bool = False) -> None:
+        """Write what is pending (or drop it) and end the writing thread (a Ray actor makes many writers)."""
         try:
+            if discard:
+                self.pending = []
             self.flush()
         finally:
             if self._executor is not None:
