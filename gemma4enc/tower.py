@@ -9,6 +9,8 @@ one vectorised step. `Tower.encode(items) -> per-item soft tokens` is the whole 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +39,7 @@ def _segment_sdpa(q, k, v, segments, scale, gqa):
     return out
 
 
-def _flash_varlen(q, k, v, cu, max_len, scale, gqa):
+def _flash_varlen(q, k, v, cu, max_len, scale):
     """A CUDA varlen kernel: flash-attn if installed, else PyTorch's own. (N, heads, head_dim) in and out."""
     try:
         from flash_attn import flash_attn_varlen_func
@@ -46,7 +48,26 @@ def _flash_varlen(q, k, v, cu, max_len, scale, gqa):
     except ImportError:
         from torch.nn.attention.varlen import varlen_attn
 
-        return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, enable_gqa=gqa)
+        return call_varlen(varlen_attn, q, k, v, cu, max_len, scale)
+
+
+def call_varlen(varlen_attn, q, k, v, cu, max_len, scale):
+    """PyTorch's varlen_attn across its releases: `scale=` and `enable_gqa=` came in later
+    ones. Without `scale`, q is pre-multiplied so that the kernel's 1/sqrt(d) gives `scale`;
+    without `enable_gqa`, the key/value heads are repeated as transformers' repeat_kv does."""
+    params = inspect.signature(varlen_attn).parameters
+    kwargs = {}
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    if "scale" in params:
+        kwargs["scale"] = scale
+    else:
+        q = q * (scale * q.shape[-1] ** 0.5)
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
 
 _VARLEN_BROKEN: set[str] = set()  # devices where the varlen kernel failed once: use the loop
@@ -68,10 +89,12 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     device = str(q.device)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and device not in _VARLEN_BROKEN:
         try:
-            out = _flash_varlen(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu, max_len, scaling, gqa)
+            out = _flash_varlen(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu, max_len, scaling)
             return out.unsqueeze(0), None
-        except (RuntimeError, ImportError, NotImplementedError):
-            _VARLEN_BROKEN.add(device)  # e.g. an old GPU without flash kernels
+        except (RuntimeError, ImportError, NotImplementedError, TypeError) as e:
+            _VARLEN_BROKEN.add(device)  # e.g. an old GPU without flash kernels, an old torch
+            reason = f"{type(e).__name__}: {e}".splitlines()[0]
+            warnings.warn(f"varlen attention failed on {device} ({reason}); packs use one SDPA call per item")
     return _segment_sdpa(q, k, v, segments, scaling, gqa).unsqueeze(0), None
 
 

@@ -157,3 +157,43 @@ def test_out_of_memory_halves_the_batch_and_isolates_the_item():
     assert sorted(f for f, _ in out) == [0, 1, 2, 4, 5, 6, 7]
     for (f, _), t in out.items():
         assert t.shape[0] == units[f].patches.n // 9
+
+
+def _fake_varlen(kind):
+    """Stand-ins for torch's varlen_attn of three releases: (N, H, d) in and out, the kernel's
+    default scale 1/sqrt(d), grouped key/value heads only where the release accepts them."""
+
+    def attend(q, k, v, cu, max_len, scale=None, gqa=False):
+        assert gqa or q.shape[1] == k.shape[1], "this release needs as many k/v heads as q heads"
+        out = torch.empty_like(q)
+        bounds = cu.tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            piece = torch.nn.functional.scaled_dot_product_attention(
+                q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), scale=scale, enable_gqa=gqa)
+            out[a:b] = piece.transpose(0, 1)
+        return out
+
+    if kind == "oldest":  # no scale, no enable_gqa
+        return lambda q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False: attend(q, k, v, cu_q, max_q)
+    if kind == "scale":
+        return lambda q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None: attend(q, k, v, cu_q, max_q, scale)
+    return lambda q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, enable_gqa=False: attend(
+        q, k, v, cu_q, max_q, scale, enable_gqa)
+
+
+@pytest.mark.parametrize("kind", ["oldest", "scale", "scale+gqa"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_varlen_call_adapts_to_each_torch_release(kind, kv_heads):
+    """The CUDA pack path calls torch's varlen_attn with Gemma 4's scale of 1.0; every release's
+    signature must give block-diagonal attention equal to one SDPA call per item (float32, 1e-5)."""
+    from gemma4enc.tower import _segment_sdpa, call_varlen
+
+    torch.manual_seed(0)
+    lengths = [7, 30, 12]
+    n, heads, d = sum(lengths), 4, 16
+    q, k, v = torch.randn(n, heads, d), torch.randn(n, kv_heads, d), torch.randn(n, kv_heads, d)
+    cu = torch.tensor([0, 7, 37, 49], dtype=torch.int32)
+    got = call_varlen(_fake_varlen(kind), q, k, v, cu, max(lengths), 1.0)
+    want = _segment_sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), [(0, 7), (7, 37), (37, 49)],
+                         1.0, kv_heads != heads)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
