@@ -304,6 +304,8 @@ def _guard(fn, *args):
         raise
     except av.error.FFmpegError as e:
         raise DecodeError("decode_error", f"pyav: {e}") from None
+    except ImportError as e:  # decord has no wheel for every platform: auto then goes on with PyAV
+        raise DecodeError("decode_error", f"{e.name or e} is not installed") from None
     except (RuntimeError, ValueError, OSError, IndexError) as e:
         raise DecodeError("decode_error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
 

@@ -158,3 +158,11 @@ def test_oversized_video_frames_are_refused_before_decoding(clips):
         with pytest.raises(DecodeError) as e:
             decode_video(str(clips / "h264.mp4"), Sampling(frames=4), backend, max_pixels=100 * 100)
         assert e.value.status == "too_large" and "192×144" in str(e.value)
+
+
+def test_without_decord_auto_uses_pyav(clips, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "decord", None)  # `import decord` now raises ImportError
+    frames = decode_video(str(clips / "h264.mp4"), Sampling(frames=4), "auto")
+    assert frames.info["backend"] == "pyav" and _indices_read(frames) == frames.indices
+    with pytest.raises(DecodeError, match="decord is not installed"):
+        decode_video(str(clips / "h264.mp4"), Sampling(frames=4), "decord")
