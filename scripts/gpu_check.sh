@@ -1,22 +1,52 @@
 #!/usr/bin/env bash
-# On a CUDA machine: GPU tests (bfloat16 parity, pack vs serial, memory model ±20 %), the benchmark,
-# --devices and the Ray engine;
-# JSON into the folder given as $1. Every step has a timeout; together at most 8 minutes.
-#   bash scripts/gpu_check.sh gpu-out
-set -euo pipefail
-out=${1:?usage: gpu_check.sh OUTDIR}
+# On a CUDA machine, in one run of under 8 minutes (every step has a timeout):
+#   the CUDA tests (bfloat16 parity with transformers, pack vs serial, memory model ±20 %),
+#   the benchmark (photos, video, mixed on an E2B-sized tower), the end-to-end benchmark,
+#   and `encode --devices all` / `--engine ray --device cuda` on the demo's tiny checkpoint.
+#   bash scripts/gpu_check.sh OUTDIR
+# OUTDIR gets log.txt (every step's output and exit status) and four JSON/XML files.
+# A machine whose Python lacks some of our dependencies: run `bash scripts/gpu_wheels.sh` on a
+# machine with a package index first; the wheels it leaves in .whl/ are installed here into a
+# temporary folder, ahead of the machine's own packages.
+set -uo pipefail
+out=$(realpath -m "${1:?usage: gpu_check.sh OUTDIR}")
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.cuda.get_device_name())" | tee "$out/device.txt"
-timeout 180 "$PY" -m pytest -q -m cuda tests --junitxml="$out/gpu-tests.xml" 2>&1 | tail -5 | tee "$out/gpu-tests.txt"
-timeout 185 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 256 --repeats 3 \
-    --workload photos --workload video --workload mixed --json "$out/bench-e2b.json" | tee "$out/bench-e2b.txt"
-# the engines on the GPU: --devices all, and --engine ray with one actor per GPU (tiny checkpoint, generated media)
-timeout 40 "$PY" -m gemma4enc demo "$out/demo" > "$out/demo.json" 2> "$out/demo.txt" || true
-timeout 30 "$PY" -m gemma4enc encode "$out/demo/media" -o "$out/devices" --model "$out/demo/tiny-gemma4" \
-    --devices all --json -q > "$out/devices.json" || true
-timeout 45 "$PY" -m gemma4enc encode "$out/demo/media" -o "$out/ray" --model "$out/demo/tiny-gemma4" \
-    --engine ray --device cuda --json -q > "$out/ray.json" 2> "$out/ray.txt" || true
-rm -rf "$out/demo" "$out/devices" "$out/ray"
+log="$out/log.txt"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    site=$(mktemp -d)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl >>"$log" 2>&1 \
+        && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+
+step() {  # step NAME SECONDS COMMAND...: output into log.txt, the exit status after it
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name: $*" >>"$log"
+    local start=$SECONDS
+    timeout "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    echo "=== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$log"
+    return $rc
+}
+
+step device 60 "$PY" -c "import torch, transformers; assert torch.cuda.is_available(), 'no CUDA'; \
+print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'transformers', transformers.__version__)" || exit 1
+step tests 150 "$PY" -m pytest -q -m cuda tests/test_bench_and_gpu.py -p no:cacheprovider --junitxml="$out/gpu-tests.xml"
+step bench 150 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 256 --repeats 3 \
+    --workload photos --workload video --workload mixed --json "$out/bench-e2b.json"
+step e2e 60 "$PY" -m gemma4enc bench --e2e --device cuda --items 200 --repeats 3 --json "$out/e2e.json"
+demo=$(mktemp -d)
+step demo 30 "$PY" -m gemma4enc demo "$demo/demo"
+step devices 30 "$PY" -m gemma4enc encode "$demo/demo/media" -o "$demo/devices" --model "$demo/demo/tiny-gemma4" \
+    --devices all --json -q
+if "$PY" -c "import ray" 2>/dev/null; then
+    step ray 40 "$PY" -m gemma4enc encode "$demo/demo/media" -o "$demo/ray" --model "$demo/demo/tiny-gemma4" \
+        --engine ray --device cuda --json -q
+else
+    echo "=== ray: skipped, ray is not installed" | tee -a "$log"
+fi
+rm -rf "$demo"
