@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .patches import POOL, Patches, patchify
-from .plan import CPU_PATCHES, Unit, batches
+from .plan import CPU_PATCHES, Unit, batches, resolve_batching
 from .tower import Tower
 
 SIZES = {  # released vision towers (hidden, layers, heads, head_dim, mlp, text hidden)
@@ -187,6 +187,8 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
               "threads": torch.get_num_threads(), "repeats": repeats, "max_batch_patches": max_patches,
               "workloads": {}}
     models = {pack: measure_memory(tower, pack) for pack in (False, True)} if dev.type == "cuda" else {}
+    log(f"{size} tower, {report['layers']} of {SIZES[size]['num_hidden_layers']} layers, {dev}, "
+        f"{str(dt).removeprefix('torch.')}, {report['threads']} threads, median of {repeats}")
     for name in workloads:
         items = workload(name, count)
         budget = 2520 if name != "video" else 630
@@ -209,19 +211,22 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
                 predicted = max(models[m == "pack"].peak([u.patches.n for u in b]) for b in planned)
                 rows[m]["model_peak_bytes"] = predicted
                 rows[m]["peak_vs_model"] = rows[m]["peak_bytes"] / predicted
-        report["workloads"][name] = {"items": len(items), "patches": patches, "methods": rows}
-        log(table(name, len(items), rows))
+        default = resolve_batching("auto", dev)  # what `encode` runs here unless told
+        report["workloads"][name] = {"items": len(items), "patches": patches, "default": default,
+                                     "default_vs_hf_padded": rows[default]["vs_hf_padded"], "methods": rows}
+        log(table(name, len(items), rows, default))
     return report
 
 
-def table(name: str, count: int, rows: dict) -> str:
-    lines = [f"\n{name}: {count} items",
+def table(name: str, count: int, rows: dict, default: str) -> str:
+    lines = [f"\n{name}: {count} items (* the default, --batching auto, on this device)",
              f"{'method':<10} {'s':>8} {'items/s':>9} {'patches/s':>11} {'vs serial':>9} {'vs hf':>7} {'peak MB':>9} "
              f"{'/model':>7} {'MFU':>6}"]
     for m, r in rows.items():
         mfu = f"{r['mfu']:.0%}" if r["mfu"] is not None else "-"
         vs_model = f"{r['peak_vs_model']:.2f}" if "peak_vs_model" in r else "-"
-        lines.append(f"{m:<10} {r['seconds']:>8.3f} {r['items_per_s']:>9.2f} {r['patches_per_s']:>11,.0f} "
+        shown = m + "*" if m == default else m
+        lines.append(f"{shown:<10} {r['seconds']:>8.3f} {r['items_per_s']:>9.2f} {r['patches_per_s']:>11,.0f} "
                      f"{r['vs_serial']:>9.2f} {r['vs_hf_padded']:>7.2f} {r['peak_bytes'] / 2**20:>9.1f} {vs_model:>7} {mfu:>6}")
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 Roots = Annotated[list[str], typer.Argument(help="Folders or files to encode (walked recursively).")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Output folder for shards and manifest.")]
 Model = Annotated[str, typer.Option(help="Checkpoint folder (HF layout) or hub id in the HF cache.")]
-Dtype = Annotated[str, typer.Option(help="Tower dtype: auto (bfloat16 on CUDA, else float32), float32, bfloat16, float16.")]
+Dtype = Annotated[str, typer.Option(help="Tower dtype: auto (bfloat16 on CUDA and on CPUs with AMX, else float32), float32, bfloat16, float16.")]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
 ImageTokens = Annotated[int, typer.Option("--max-soft-tokens", help="Soft tokens per image: 70, 140, 280, 560 or 1120.")]
 VideoTokens = Annotated[int, typer.Option("--video-soft-tokens", help="Soft tokens per video frame: 70 … 1120.")]

@@ -13,7 +13,7 @@ DEFAULT_MODEL = "google/gemma-4-E2B-it"  # the smallest released Gemma 4 with a 
 class Options:
     # checkpoint folder or hub id (resolved through the Hugging Face cache)
     model: str = DEFAULT_MODEL
-    # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, float32 elsewhere)
+    # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA and on CPUs with AMX, float32 elsewhere)
     dtype: str = "auto"
     # auto | cpu | cuda | cuda:N | mps
     device: str = "auto"

@@ -19,6 +19,10 @@ def test_bench_reports_every_method():
     assert rows["serial"]["vs_serial"] == 1.0
     for r in rows.values():
         assert r["items_per_s"] > 0 and r["seconds"] > 0
+        assert r["vs_hf_padded"] == rows["hf-padded"]["seconds"] / r["seconds"]
+    workload = report["workloads"]["mixed"]
+    assert workload["default"] == "serial"  # --batching auto on the CPU
+    assert workload["default_vs_hf_padded"] == rows["serial"]["vs_hf_padded"]
 
 
 def test_e2e_bench_reports_decode_encode_and_overlap():

@@ -137,3 +137,20 @@ def test_missing_folder_exits_2_with_one_line(tmp_path):
     r = _run(["encode", str(tmp_path), "-o", str(tmp_path / "out"), "--model", str(tmp_path / "nope")], {})
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("gemma4enc: error:")
+
+
+def test_auto_dtype_is_bfloat16_where_the_device_multiplies_it_natively(tmp_path, monkeypatch):
+    from gemma4enc import model
+
+    with_amx = tmp_path / "amx"
+    with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n\n")
+    without = tmp_path / "plain"
+    without.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n")
+    assert model.cpu_has_amx(str(with_amx)) and not model.cpu_has_amx(str(without))
+    assert not model.cpu_has_amx(str(tmp_path / "absent"))  # not Linux: float32
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for has_amx, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(model, "cpu_has_amx", lambda: has_amx)
+        assert model.dtype_name("auto", cpu) == want
+        assert model.dtype_name("auto", cuda) == "bfloat16"
+        assert model.dtype_name("float32", cpu) == "float32" and model.dtype_name("float16", cuda) == "float16"
