@@ -8,6 +8,7 @@ measured in the same run.
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import threading
@@ -174,7 +175,7 @@ def interleaved(methods: dict, repeats: int, dev: torch.device, memory_of: torch
 
 
 def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("photos",), count=24, repeats=3,
-          max_patches=None, log=print) -> dict:
+          max_patches=None, compiled=False, log=print) -> dict:
     from .model import dtype_name, parse_device, parse_dtype
     from .plan import measure_memory
 
@@ -187,6 +188,7 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
               "threads": torch.get_num_threads(), "repeats": repeats, "max_batch_patches": max_patches,
               "workloads": {}}
     models = {pack: measure_memory(tower, pack) for pack in (False, True)} if dev.type == "cuda" else {}
+    fast = copy.copy(tower).compile() if compiled else None  # the same modules, through torch.compile
     log(f"{size} tower, {report['layers']} of {SIZES[size]['num_hidden_layers']} layers, {dev}, "
         f"{str(dt).removeprefix('torch.')}, {report['threads']} threads, median of {repeats}")
     for name in workloads:
@@ -195,6 +197,11 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
         methods = {"hf-padded": lambda: hf_padded(tower, items, max(budget, max(p.n for p in items))),
                    **{m: (lambda m=m: run_ours(tower, items, m, max_patches)) for m in ("serial", "bucket", "pack")}}
         run_ours(tower, items[:2], "pack", max_patches)  # warm-up
+        if fast:
+            start = time.perf_counter()
+            run_ours(fast, items[:1], "serial", max_patches)  # compiles once for every patch count
+            report.setdefault("compile_seconds", {})[name] = time.perf_counter() - start
+            methods["compiled"] = lambda: run_ours(fast, items, "serial", max_patches)
         times, peaks = interleaved(methods, repeats, dev, dev)
         patches, flops = sum(p.n for p in items), tower_flops(tower, items)
         rows = {}

@@ -59,6 +59,8 @@ def open_tower(options: Options, device: str | None = None):
     device = device or options.device
     dtype = dtype_name(options.dtype, parse_device(device))
     tower = load_tower(options.model, dtype, device)
+    if options.compile:
+        tower.compile()
     return tower, dtype, resolve_batching(options.batching, tower.device)
 
 

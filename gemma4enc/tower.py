@@ -163,6 +163,15 @@ class Tower:
         self._unit = _UNIT.to(device)
         self._root = self.hidden**0.5
         self.clips = ScalarClips(vision)
+        self._compiled = None  # the encoder through torch.compile, for stacks (see compile())
+
+    def compile(self) -> "Tower":
+        """--compile: same-size stacks (serial, bucket) go through torch.compile'd encoder, one
+        graph for every patch count (dynamic shapes). On a CPU with AMX it fuses the many
+        bfloat16 elementwise steps that dominate there: 1.4× after ~20 s of compiling (README).
+        Packs stay eager: their per-item segments would recompile for every new mix."""
+        self._compiled = torch.compile(self.vision.encoder, dynamic=True)
+        return self
 
     # ---- the five stages -------------------------------------------------------------------
 
@@ -174,6 +183,15 @@ class Tower:
 
     def encode_stack(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(B, n, D) → (B, n, D): same-length items, no mask needed."""
+        if self._compiled is not None:
+            try:
+                return self._compiled(inputs_embeds=x, attention_mask=None, pixel_position_ids=positions).last_hidden_state
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:  # no C++ compiler, an unsupported op…: the eager path is the reference anyway
+                self._compiled = None
+                reason = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                warnings.warn(f"--compile failed ({reason}); going on without it")
         return self.vision.encoder(inputs_embeds=x, attention_mask=None, pixel_position_ids=positions).last_hidden_state
 
     def encode_packed(self, x: torch.Tensor, positions: torch.Tensor, lengths: list[int]) -> torch.Tensor:

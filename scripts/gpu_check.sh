@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On a CUDA machine, in one run of under 8 minutes (every step has a timeout):
 #   the CUDA tests (bfloat16 parity with transformers, pack vs serial, memory model ±20 %),
-#   the benchmark (photos, video, mixed on an E2B-sized tower), the end-to-end benchmark,
-#   and `encode --devices all` / `--engine ray --device cuda` on the demo's tiny checkpoint.
+#   the benchmark (photos, video, mixed on an E2B-sized tower), again with --compile, the
+#   end-to-end benchmark, and `encode --devices all` / `--engine ray --device cuda` on the
+#   demo's tiny checkpoint. Worst case 475 s.
 #   bash scripts/gpu_check.sh OUTDIR
-# OUTDIR gets log.txt (every step's output and exit status) and four JSON/XML files.
+# OUTDIR gets log.txt (every step's output and exit status) and five JSON/XML files.
 # A machine whose Python lacks some of our dependencies: run `bash scripts/gpu_wheels.sh` on a
 # machine with a package index first; the wheels it leaves in .whl/ are installed here into a
 # temporary folder, ahead of the machine's own packages.
@@ -33,18 +34,20 @@ step() {  # step NAME SECONDS COMMAND...: output into log.txt, the exit status a
     return $rc
 }
 
-step device 60 "$PY" -c "import torch, transformers; assert torch.cuda.is_available(), 'no CUDA'; \
+step device 30 "$PY" -c "import torch, transformers; assert torch.cuda.is_available(), 'no CUDA'; \
 print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'transformers', transformers.__version__)" || exit 1
-step tests 150 "$PY" -m pytest -q -m cuda tests/test_bench_and_gpu.py -p no:cacheprovider --junitxml="$out/gpu-tests.xml"
-step bench 150 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 256 --repeats 3 \
+step tests 120 "$PY" -m pytest -q -m cuda tests/test_bench_and_gpu.py -p no:cacheprovider --junitxml="$out/gpu-tests.xml"
+step bench 120 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 256 --repeats 3 \
     --workload photos --workload video --workload mixed --json "$out/bench-e2b.json"
-step e2e 60 "$PY" -m gemma4enc bench --e2e --device cuda --items 200 --repeats 3 --json "$out/e2e.json"
+step compile 90 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 128 --repeats 3 \
+    --workload photos --workload video --compile --json "$out/bench-compile.json"
+step e2e 40 "$PY" -m gemma4enc bench --e2e --device cuda --items 200 --repeats 3 --json "$out/e2e.json"
 demo=$(mktemp -d)
 step demo 30 "$PY" -m gemma4enc demo "$demo/demo"
-step devices 30 "$PY" -m gemma4enc encode "$demo/demo/media" -o "$demo/devices" --model "$demo/demo/tiny-gemma4" \
+step devices 20 "$PY" -m gemma4enc encode "$demo/demo/media" -o "$demo/devices" --model "$demo/demo/tiny-gemma4" \
     --devices all --json -q
 if "$PY" -c "import ray" 2>/dev/null; then
-    step ray 40 "$PY" -m gemma4enc encode "$demo/demo/media" -o "$demo/ray" --model "$demo/demo/tiny-gemma4" \
+    step ray 25 "$PY" -m gemma4enc encode "$demo/demo/media" -o "$demo/ray" --model "$demo/demo/tiny-gemma4" \
         --engine ray --device cuda --json -q
 else
     echo "=== ray: skipped, ray is not installed" | tee -a "$log"

@@ -239,3 +239,20 @@ def test_bad_inputs_each_get_a_row(media, ckpt_sharded, tmp_path):
     assert rows["cut.mp4"]["status"] in ("decode_error", "ok")  # a readable prefix may still give frames
     assert "dir.jpg" not in rows
     assert all(r["error"] for r in rows.values() if r["status"] != "ok")
+
+
+def test_compile_flag_reaches_the_tower(media, ckpt_sharded, tmp_path, monkeypatch):
+    """--compile hands the encoder to torch.compile (here a stand-in that records it and runs
+    it as is: the compiled numerics are tested in test_tower); the output is unchanged."""
+    import torch
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: compiled.append((module, kw)) or module)
+    photos = media / "photos"
+    plain = encode([photos, "-o", tmp_path / "plain", "--model", ckpt_sharded, *BASE])
+    fast = encode([photos, "-o", tmp_path / "fast", "--model", ckpt_sharded, *BASE, "--compile"])
+    assert plain.exit_code == fast.exit_code == 0, fast.output
+    assert len(compiled) == 1 and type(compiled[0][0]).__name__ == "Gemma4VisionEncoder"
+    assert compiled[0][1] == {"dynamic": True}
+    a, b = shard_tokens(tmp_path / "plain")[1], shard_tokens(tmp_path / "fast")[1]
+    assert set(a) == set(b) and all(torch.equal(a[p], b[p]) for p in a)

@@ -197,3 +197,39 @@ def test_varlen_call_adapts_to_each_torch_release(kind, kv_heads):
     want = _segment_sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), [(0, 7), (7, 37), (37, 49)],
                          1.0, kv_heads != heads)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_compiled_stacks_match_get_image_features(tower32, ref_sharded, photos):
+    """--compile: serial and bucket calls through the torch.compile'd encoder, one graph for
+    every patch count; float32 tolerance as for the eager paths (1e-4 × scale)."""
+    import copy
+
+    torch._dynamo.reset()
+    fast = copy.copy(tower32).compile()
+    items = [patchify(im, 280) for im in photos] + [patchify(photos[0], 280)]
+    units = [Unit(i, 0, p) for i, p in enumerate(items)]
+    got = {}
+    for mode in ("serial", "bucket"):
+        for batch in batches(units, mode, max_patches=8000):
+            for u, t in zip(batch, fast.encode([u.patches for u in batch])):
+                got[mode, u.file] = t
+    assert fast._compiled is not None  # it ran compiled, not the fallback
+    assert tower32._compiled is None  # the copy was compiled, not the shared tower
+    for i, image in enumerate(photos):
+        want = hf_image_features(ref_sharded, image)
+        for mode in ("serial", "bucket"):
+            assert close(got[mode, i], want, 1e-4), (mode, image.size)
+
+
+def test_a_failing_compile_falls_back_to_eager(tower32, photos, monkeypatch):
+    import copy
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler\nlong log")
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: broken)
+    fast = copy.copy(tower32).compile()
+    item = patchify(photos[2], 280)
+    with pytest.warns(UserWarning, match="--compile failed .RuntimeError: no C.. compiler.; going on without it"):
+        tokens = fast.encode([item])[0]
+    assert fast._compiled is None and torch.equal(tokens, tower32.encode([item])[0])
