@@ -167,8 +167,8 @@ class Tower:
 
     def compile(self) -> "Tower":
         """--compile: same-size stacks (serial, bucket) go through torch.compile'd encoder, one
-        graph for every patch count (dynamic shapes). On a CPU with AMX it fuses the many
-        bfloat16 elementwise steps that dominate there: 1.4× after ~20 s of compiling (README).
+        graph for every patch count (dynamic shapes). On a CPU with AMX it fuses the bfloat16
+        elementwise steps, ~45 % of the time there: 1.4× after 11–21 s of compiling (README).
         Packs stay eager: their per-item segments would recompile for every new mix."""
         self._compiled = torch.compile(self.vision.encoder, dynamic=True)
         return self
