@@ -314,7 +314,7 @@ def bench(
     device: Device = "auto",
     dtype: Dtype = "auto",
     max_batch_patches: MaxPatches = None,
-    use_compile: Annotated[bool, typer.Option("--compile", help="Add `compiled`: serial through the torch.compile'd encoder (compile time reported apart).")] = False,
+    use_compile: Annotated[bool, typer.Option("--compile", help="Add `compiled`: serial through the torch.compile'd layers (compile time reported apart).")] = False,
     e2e: Annotated[bool, typer.Option("--e2e", help="Instead: a generated folder through decode workers, tower and shards; decode-only, encode-only, end-to-end and their overlap.")] = False,
     rss: Annotated[bool, typer.Option("--rss", help="Instead: peak RSS of encode over folders of ITEMS and 10 × ITEMS generated files (does memory grow with the folder?).")] = False,
     workers: Workers = None,
