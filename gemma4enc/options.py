@@ -31,7 +31,7 @@ class Options:
     memory_fraction: float = 0.7
     # patches per tower call; None: from the measured memory model
     max_batch_patches: int | None = None
-    # torch.compile the encoder for same-size stacks (serial, bucket)
+    # torch.compile the encoder's layers for same-size stacks (serial, bucket)
     compile: bool = False
     # target shard size, bytes
     shard_bytes: int = 1 << 30

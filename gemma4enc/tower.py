@@ -70,6 +70,11 @@ def call_varlen(varlen_attn, q, k, v, cu, max_len, scale):
     return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
 
+def _reason(e: Exception) -> str:
+    """An exception in one short line for a warning (compiler and kernel errors run long)."""
+    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
+
+
 _VARLEN_BROKEN: set[str] = set()  # devices where the varlen kernel failed once: use the loop
 
 
@@ -93,8 +98,7 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
             return out.unsqueeze(0), None
         except (RuntimeError, ImportError, NotImplementedError, TypeError) as e:
             _VARLEN_BROKEN.add(device)  # e.g. an old GPU without flash kernels, an old torch
-            reason = f"{type(e).__name__}: {e}".splitlines()[0]
-            warnings.warn(f"varlen attention failed on {device} ({reason}); packs use one SDPA call per item")
+            warnings.warn(f"varlen attention failed on {device} ({_reason(e)}); packs use one SDPA call per item")
     return _segment_sdpa(q, k, v, segments, scaling, gqa).unsqueeze(0), None
 
 
@@ -196,8 +200,7 @@ class Tower:
                 raise
             except Exception as e:  # no C++ compiler, an unsupported op…: the eager path is the reference anyway
                 self._compiled = None
-                reason = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                warnings.warn(f"--compile failed ({reason}); going on without it")
+                warnings.warn(f"--compile failed ({_reason(e)}); going on without it")
         return self.vision.encoder(inputs_embeds=x, attention_mask=None, pixel_position_ids=positions).last_hidden_state
 
     def _compiled_stack(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -242,8 +242,8 @@ def test_bad_inputs_each_get_a_row(media, ckpt_sharded, tmp_path):
 
 
 def test_compile_flag_reaches_the_tower(media, ckpt_sharded, tmp_path, monkeypatch):
-    """--compile hands the encoder to torch.compile (here a stand-in that records it and runs
-    it as is: the compiled numerics are tested in test_tower); the output is unchanged."""
+    """--compile hands each encoder layer to torch.compile (here a stand-in that records it and
+    runs it as is: the compiled numerics are tested in test_tower); the output is unchanged."""
     import torch
 
     compiled = []
