@@ -190,7 +190,7 @@ def encode(
     from .discover import discover
     from .errors import OutputError
     from .pipeline import TooManyFailures
-    from .runner import encode_files
+    from .run import encode_files
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
@@ -250,7 +250,7 @@ def plan(
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     from .discover import discover
-    from .runner import plan_report
+    from .run import plan_report
 
     try:
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
@@ -275,7 +275,7 @@ def _read(report_of, out: Path) -> dict:
 @app.command()
 def inspect(out: OutFolder, json_out: Json = False):
     """Summarise an output folder: files by status, shards, tokens, failures."""
-    from .runner import inspect_report
+    from .run import inspect_report
 
     report = _read(inspect_report, out)
     if json_out:
@@ -288,7 +288,7 @@ def inspect(out: OutFolder, json_out: Json = False):
 @app.command()
 def verify(out: OutFolder, json_out: Json = False):
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
-    from .verify import verify as check
+    from .report import verify as check
 
     report = _read(check, out)
     if json_out:

@@ -102,7 +102,7 @@ def test_ray_equals_local_and_resumes_what_is_left(media, ckpt, local, tmp_path)
 
     # each task's shard is named from its files: the names the driver can compute again
     items, _ = discover([str(media)], None, [], [], False)
-    from gemma4enc.ray_engine import make_tasks
+    from gemma4enc.engines.ray import make_tasks
 
     tasks = {t["id"]: t for t in make_tasks([i for i in items if i.path not in started], 2)}
     ray_shards = {p.name for p in out.glob("shard-*-000.safetensors")}
@@ -181,7 +181,7 @@ def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_pa
 
 
 def test_pool_sizes_from_the_cluster():
-    from gemma4enc.ray_engine import plan_pool
+    from gemma4enc.engines.ray import plan_pool
 
     gpu = plan_pool({"GPU": 4, "CPU": 32}, Options())
     assert (gpu.actors, gpu.gpus, gpu.cpus, gpu.device) == (4, 1, 8, "cuda")  # 7 decode workers each
@@ -197,7 +197,7 @@ def test_pool_sizes_from_the_cluster():
 
 
 def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats():
-    from gemma4enc.ray_engine import connect
+    from gemma4enc.engines.ray import connect
 
     def listening() -> set[str]:
         found = set()

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from gemma4enc.cli import app
 from gemma4enc.discover import discover
 from gemma4enc.options import Options
-from gemma4enc.runner import encode_files
+from gemma4enc.run import encode_files
 
 from .corpus import bad_media, good_media
 from .test_cli import BASE, encode, shard_tokens

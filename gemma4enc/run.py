@@ -79,7 +79,7 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
             log(note)
         todo = still_to_do(items, out, options)
         if options.engine == "ray":
-            from .ray_engine import encode_on_ray
+            from .engines.ray import encode_on_ray
 
             summary, where = encode_on_ray(todo, out, options, bar, log, done=len(items) - len(todo))
         else:

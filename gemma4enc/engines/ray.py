@@ -32,11 +32,11 @@ import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .discover import Item
-from .errors import OutputError, UsageError
-from .options import Options
-from .pipeline import Progress, Summary, TooManyFailures, failed_row
-from .shards import SHARD_RE, append_rows
+from ..discover import Item
+from ..errors import OutputError, UsageError
+from ..options import Options
+from ..pipeline import Progress, Summary, TooManyFailures, failed_row
+from ..shards import SHARD_RE, append_rows
 
 RETRIES = 2  # Ray's retries of a task whose actor died, before the driver splits the task up
 # Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
@@ -64,8 +64,8 @@ class TaskEncoder:
     def __init__(self, options: Options, out: str):
         import ray
 
-        from .plan import budget_patches
-        from .runner import metadata, open_tower
+        from ..plan import budget_patches
+        from ..run import metadata, open_tower
 
         device = "cuda" if ray.get_gpu_ids() else "cpu"  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU
         self.options = replace(options, device=device, max_failures=None)  # the driver counts failures
@@ -75,8 +75,8 @@ class TaskEncoder:
         self.metadata = metadata(self.options, self.tower)
 
     def __call__(self, batch: dict) -> dict:
-        from .pipeline import run
-        from .shards import ShardWriter
+        from ..pipeline import run
+        from ..shards import ShardWriter
 
         task = {"id": str(batch["id"][0]), "items": str(batch["items"][0])}
         rows: list[dict] = []
@@ -198,7 +198,7 @@ def encode_on_ray(todo: list[Item], out: Path, options: Options, bar, log, done:
     if not todo:
         log(f"{done} files, all done already; Ray not started")
         return summary, {"ray_address": options.ray_address or "local"}
-    from .model import find_checkpoint
+    from ..model import find_checkpoint
 
     find_checkpoint(options.model)  # a wrong --model is told here, not by every actor in turn
     model = str(Path(options.model).resolve()) if Path(options.model).is_dir() else options.model

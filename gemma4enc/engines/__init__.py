@@ -1,0 +1,1 @@
+"""Where a run's files are encoded: `local` (this process and its decode workers) or `ray`."""
