@@ -5,7 +5,7 @@
     tokens = emb["/data/cat.jpg"]           # (soft tokens, hidden) from one shard
 """
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401 - the public name
 
 
 def open(out):  # noqa: A001 - the reader's natural name, as in safetensors.safe_open / tarfile.open

@@ -287,7 +287,7 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
 
         def end_to_end():
             writer = ShardWriter(Path(tmp) / f"out{next(outs)}", "bfloat16", {}, 1 << 30)
-            run(items, tower, options, writer, mode, max_patches)
+            run(items, [tower], options, writer, mode, max_patches)
 
         methods = {"decode-only": decode_only, "encode-only": encode_only, "end-to-end": end_to_end}
         decode_only()  # warm-up, and the patches encode-only needs

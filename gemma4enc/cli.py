@@ -250,7 +250,7 @@ def plan(
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     from .discover import discover
-    from .run import plan_report
+    from .report import plan_report
 
     try:
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
@@ -275,7 +275,7 @@ def _read(report_of, out: Path) -> dict:
 @app.command()
 def inspect(out: OutFolder, json_out: Json = False):
     """Summarise an output folder: files by status, shards, tokens, failures."""
-    from .run import inspect_report
+    from .report import inspect_report
 
     report = _read(inspect_report, out)
     if json_out:

@@ -1,4 +1,5 @@
-"""Find a Gemma 4 checkpoint and load its vision tower and `embed_vision`, and nothing else.
+"""Find a Gemma 4 checkpoint and load its vision tower and `embed_vision`, and nothing else;
+open the towers a run asks for (--model, --dtype, --device/--devices, --compile).
 
 A 31B checkpoint holds ~60 GB of language model; we read the safetensors index, open only the
 files that hold `vision_tower.*` / `embed_vision.*` tensors and read only those tensors.
@@ -12,11 +13,15 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .options import Options
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # what we read, under either prefix: HF layout has "model.", mlx conversions drop it
@@ -222,3 +227,39 @@ def place(vision, embed, device: torch.device, dtype: torch.dtype):
     embed = embed.to(device=device, dtype=dtype).eval().requires_grad_(False)
     vision.encoder.rotary_emb = Gemma4VisionRotaryEmbedding(vision.config, device=device)
     return vision, embed
+
+
+def load_tower(model: str, dtype: str = "float32", device: str = "auto"):
+    """--model, --dtype, --device → a ready Tower (vision weights only)."""
+    from .tower import Tower
+
+    torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
+    ckpt = find_checkpoint(model)
+    vision, embed = load_modules(ckpt, torch_dtype, torch_device)
+    return Tower(vision, embed, torch_device, torch_dtype, checkpoint=ckpt)
+
+
+def devices(options: Options) -> list[str]:
+    """--devices (all | a comma list) or the one --device."""
+    if not options.devices:
+        return [options.device]
+    if options.devices == "all":
+        if not torch.cuda.is_available():
+            raise UsageError("--devices all: this torch sees no CUDA device; use --device cpu")
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    names = [d.strip() for d in options.devices.split(",") if d.strip()]
+    if not names:
+        raise UsageError(f"--devices {options.devices!r}: use all or a list like cuda:0,cuda:1")
+    return names
+
+
+def open_tower(options: Options, device: str | None = None):
+    """--model, --dtype, --device (or `device`), --batching → (tower, dtype name, batching mode)."""
+    from .plan import resolve_batching
+
+    device = device or options.device
+    dtype = dtype_name(options.dtype, parse_device(device))
+    tower = load_tower(options.model, dtype, device)
+    if options.compile:
+        tower.compile()
+    return tower, dtype, resolve_batching(options.batching, tower.device)

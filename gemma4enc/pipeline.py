@@ -34,14 +34,25 @@ class Summary:
     seconds: float = 0.0
     by_status: dict[str, int] = field(default_factory=dict)
     device_patches: list[int] = field(default_factory=list)  # patches each tower encoded
+    where: dict = field(default_factory=dict)  # what the engine ran on (device, dtype, actors …), for the report
 
-    def count(self, status: str) -> None:
-        self.files += 1
-        self.by_status[status] = self.by_status.get(status, 0) + 1
-        if status == "ok":
-            self.ok += 1
-        else:
-            self.failed += 1
+    def record(self, rows: list[dict], patches: int) -> None:
+        """Count finished files by their manifest rows, and the patches they took."""
+        for r in rows:
+            self.files += 1
+            self.by_status[r["status"]] = self.by_status.get(r["status"], 0) + 1
+            if r["status"] == "ok":
+                self.ok += 1
+                self.frames += r["frames"]
+            else:
+                self.failed += 1
+            self.tokens += r["tokens"] or 0
+        self.patches += patches
+
+    def check(self, max_failures: int | None) -> None:
+        """--max-failures: raise TooManyFailures once more files than that have failed."""
+        if max_failures is not None and self.failed > max_failures:
+            raise TooManyFailures(f"{self.failed} files failed, more than --max-failures {max_failures}")
 
 
 class Progress:
@@ -108,15 +119,14 @@ class Encoder:
             out[(u.file, u.frame)] = t
 
 
-def run(items: list[Item], tower, options: Options, writer: ShardWriter, mode: str, max_patches: int,
+def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, mode: str, max_patches: int,
         progress: Progress | None = None, window_patches: int | None = None) -> Summary:
     """Encode every item; rows and shards go to `writer`. Returns counts for the summary.
 
-    `tower` may be a list of towers (--devices): each window then goes to the first free one,
-    so devices share the work by its size, and since a window is planned the same way whatever
-    runs it, the output equals a single-device run's. Windows are recorded in input order."""
+    With several towers (--devices) each window goes to the first free one, so devices share
+    the work by its size, and since a window is planned the same way whatever runs it, the
+    output equals a single-device run's. Windows are recorded in input order."""
     progress = progress or Progress()
-    towers = tower if isinstance(tower, (list, tuple)) else [tower]
     encoders = [Encoder(t, mode, max_patches) for t in towers]
     free: queue.SimpleQueue[Encoder] = queue.SimpleQueue()
     for e in encoders:
@@ -174,21 +184,20 @@ def _record(window: list[Decoded], tokens: dict, oom: dict, writer: ShardWriter,
             progress: Progress, options: Options) -> None:
     """A window's files, in order, to the writer and the counts."""
     for i, d in enumerate(window):
+        frames = None
         if d.status != "ok":
-            writer.add(failed_row(d.item, d.status, d.error))
-            summary.count(d.status)
+            row = failed_row(d.item, d.status, d.error)
         elif i in oom:
-            writer.add(failed_row(d.item, "oom", oom[i]))
-            summary.count("oom")
+            row = failed_row(d.item, "oom", oom[i])
         else:
             frames = [tokens[(i, f)] for f in range(len(d.patches))]
-            writer.add(ok_row(d, frames), frames)
-            summary.count("ok")
-            summary.frames += len(frames)
-            summary.tokens += sum(f.shape[0] for f in frames)
+            row = ok_row(d, frames)
+        writer.add(row, frames)
         n = sum(p.n for p in d.patches)
-        summary.patches += n
+        summary.record([row], n)
         progress.advance(1, n)
-        if options.max_failures is not None and summary.failed > options.max_failures:
+        try:
+            summary.check(options.max_failures)
+        except TooManyFailures:
             writer.flush()  # the rest of the window is not recorded: a re-run does it
-            raise TooManyFailures(f"{summary.failed} files failed, more than --max-failures {options.max_failures}")
+            raise

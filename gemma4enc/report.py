@@ -1,6 +1,7 @@
-"""`gemma4enc verify OUT`: every shard the manifest names, read and checked against its rows.
+"""The read-only commands: `plan` (a dry run from headers), `inspect` (an output folder in
+numbers) and `verify` (every shard read and checked against its rows). None of them writes.
 
-Problems (exit 1): a named shard missing or unreadable, a header or tensor that disagrees
+verify's problems (exit 1): a named shard missing or unreadable, a header or tensor that disagrees
 with the format or the rows (counts, offsets, dtype, width), non-finite values, an ok row
 without a shard. Warnings (exit 0): what an interrupted run leaves and the next run clears —
 shards no row names, temp files, a torn last manifest line.
@@ -9,24 +10,93 @@ shards no row names, temp files, a torn last manifest line.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import os
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from .discover import Item
 from .errors import UsageError
 from .outdir import SETTINGS, TEMP_SUFFIX
-from .shards import MANIFEST, SHARD_RE, read_manifest
+from .shards import MANIFEST, OUT_DTYPES, SHARD_RE, read_manifest
 
 CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stays small for 1 GB shards
 OFFSETS = ("item_offsets", "frame_offsets", "item_frames")
 
 
-def verify(out: Path) -> dict:
+def plan_report(items: list[Item], image_tokens: int, video_tokens: int, frames: int, hidden: int,
+                out_dtype: str) -> dict:
+    """Dry run from headers only: no pixels decoded, no model loaded."""
+    from PIL import Image
+
+    from .patches import POOL, target_size
+
+    kinds, buckets, unreadable = Counter(), Counter(), 0
+    tokens = 0
+    for item in items:
+        kinds[item.kind] += 1
+        try:
+            if item.kind == "image":
+                with Image.open(item.path) as im:
+                    size, count = im.size, 1
+                budget = image_tokens
+            elif item.kind == "video":
+                import av
+
+                with av.open(item.path) as c:
+                    s = c.streams.video[0]
+                    size, count = (s.width, s.height), min(frames, s.frames or frames)
+                budget = video_tokens
+            else:
+                continue
+            h, w = target_size(size[1], size[0], budget)
+            n = (h // 16) * (w // 16)
+        except Exception:  # noqa: BLE001 - a dry run counts what it cannot read, encode will say why
+            unreadable += 1
+            continue
+        buckets[n] += count
+        tokens += count * n // (POOL * POOL)
+    width = OUT_DTYPES[out_dtype].itemsize
+    return {
+        "files": len(items), "by_kind": dict(kinds), "unreadable": unreadable, "tower_items": sum(buckets.values()),
+        "distinct_patch_counts": len(buckets), "largest_buckets": dict(buckets.most_common(8)),
+        "tokens": tokens, "output_bytes": tokens * hidden * width,
+    }
+
+
+def _output_folder(out: Path) -> Path:
     out = Path(out)
     if not (out / MANIFEST).exists():
         raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
+    return out
+
+
+def _settings(out: Path) -> dict | None:
+    return json.loads((out / SETTINGS).read_text()) if (out / SETTINGS).exists() else None
+
+
+def inspect_report(out: Path) -> dict:
+    out = _output_folder(out)
+    rows = read_manifest(out)
+    status = Counter(r["status"] for r in rows.values())
+    named = {r["shard"] for r in rows.values() if r.get("shard")}
+    on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
+    failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in rows.values() if r["status"] != "ok"]
+    return {
+        "out": str(out), "files": len(rows), "by_status": dict(status),
+        "by_kind": dict(Counter(r["kind"] for r in rows.values())),
+        "tokens": sum(r.get("tokens") or 0 for r in rows.values()), "shards": len(on_disk),
+        "missing_shards": sorted(named - on_disk), "orphan_shards": sorted(on_disk - named),
+        "deleted_inputs": sum(1 for p in rows if not os.path.exists(p)),
+        "settings": _settings(out),
+        "failures": failures[:20],
+    }
+
+
+def verify(out: Path) -> dict:
+    out = _output_folder(out)
     problems: list[str] = []
     warnings: list[str] = []
     torn = _unreadable_lines(out / MANIFEST)
@@ -49,7 +119,7 @@ def verify(out: Path) -> dict:
     temps = sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))
     if temps:
         warnings.append(f"{len(temps)} temp file(s) of an interrupted write: {temps[:5]}")
-    settings = json.loads((out / SETTINGS).read_text()) if (out / SETTINGS).exists() else {}
+    settings = _settings(out) or {}
     tokens = 0
     for name in sorted(set(by_shard) & on_disk):
         found, n = check_shard(out / name, by_shard[name], settings)

@@ -16,14 +16,20 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ._version import __version__
 from .errors import OutputError
+
+if TYPE_CHECKING:
+    from .options import Options
+    from .tower import Tower
 
 FORMAT_VERSION = "1"
 MANIFEST = "manifest.jsonl"
@@ -59,6 +65,22 @@ def atomic_write(path: Path, write) -> None:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass  # the folder went unwritable; the next run's cleanup removes it
+
+
+def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
+    """Shard header: everything a reader needs to know what the numbers are."""
+    ckpt = tower.checkpoint
+    return {
+        "producer": f"gemma4enc {__version__}",
+        "model": options.model,
+        "revision": str(ckpt.revision) if ckpt and ckpt.revision else "",
+        "dtype": str(tower.dtype).removeprefix("torch."),
+        "out_dtype": options.out_dtype,
+        "image_soft_tokens": str(options.image_tokens),
+        "video_soft_tokens": str(options.video_tokens),
+        "sampling": json.dumps(asdict(options.sampling)),
+        "hidden_size": str(tower.out_dim),
+    }
 
 
 @dataclass

@@ -296,13 +296,3 @@ def pool_slots(items: list[Patches]) -> tuple[torch.Tensor, int]:
         offset += p.soft_tokens
     return torch.from_numpy(np.concatenate(slots)), offset
 
-
-def load_tower(model: str, dtype: str = "float32", device: str = "auto") -> Tower:
-    """--model, --dtype, --device → a ready Tower (vision weights only)."""
-    from .model import find_checkpoint, load_modules, parse_device, parse_dtype
-
-    torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
-    ckpt = find_checkpoint(model)
-    vision, embed = load_modules(ckpt, torch_dtype, torch_device)
-    return Tower(vision, embed, torch_device, torch_dtype, checkpoint=ckpt)
-

@@ -50,7 +50,7 @@ def test_cuda_pack_and_bucket_match_serial_in_bfloat16():
 def test_cuda_bfloat16_matches_reference(ckpt_sharded, photos):
     from .conftest import reference
     from .test_tower import close, hf_image_features
-    from gemma4enc.tower import load_tower
+    from gemma4enc.model import load_tower
 
     tower = load_tower(str(ckpt_sharded), "bfloat16", "cuda")
     ref = reference(ckpt_sharded, torch.bfloat16)

@@ -149,7 +149,7 @@ def test_several_devices_equal_one_and_share_the_work(media, ckpt_sharded, tmp_p
     from gemma4enc.options import Options
     from gemma4enc.pipeline import run as run_pipeline
     from gemma4enc.shards import ShardWriter
-    from gemma4enc.tower import load_tower
+    from gemma4enc.model import load_tower
 
     one = encode([media, "-o", tmp_path / "one", "--model", ckpt_sharded, *BASE])
     two = encode([media, "-o", tmp_path / "two", "--model", ckpt_sharded, *BASE, "--devices", "cpu,cpu"])

@@ -13,7 +13,7 @@ import torch
 
 from gemma4enc import model as model_mod
 from gemma4enc.errors import UsageError
-from gemma4enc.tower import load_tower
+from gemma4enc.model import load_tower
 
 from .conftest import reference
 
@@ -82,7 +82,7 @@ def _run(args, env_extra):
 def test_hub_id_from_offline_cache(ckpt_sharded, tmp_path):
     home = tmp_path / "hf"
     _fake_hub_cache(home, "acme/tiny-gemma4", ckpt_sharded)
-    code = ("from gemma4enc.tower import load_tower; t = load_tower('acme/tiny-gemma4', 'float32', 'cpu');"
+    code = ("from gemma4enc.model import load_tower; t = load_tower('acme/tiny-gemma4', 'float32', 'cpu');"
             "print(t.checkpoint.revision, t.out_dim)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, HF_HOME=str(home), HF_HUB_OFFLINE="1"))

@@ -15,7 +15,7 @@ from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImagePr
 
 from gemma4enc.patches import patchify
 from gemma4enc.plan import Unit, batches
-from gemma4enc.tower import load_tower
+from gemma4enc.model import load_tower
 
 from .conftest import reference
 

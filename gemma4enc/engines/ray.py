@@ -35,8 +35,9 @@ from pathlib import Path
 from ..discover import Item
 from ..errors import OutputError, UsageError
 from ..options import Options
-from ..pipeline import Progress, Summary, TooManyFailures, failed_row
+from ..pipeline import Progress, Summary, failed_row
 from ..shards import SHARD_RE, append_rows
+from . import Run
 
 RETRIES = 2  # Ray's retries of a task whose actor died, before the driver splits the task up
 # Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
@@ -64,15 +65,16 @@ class TaskEncoder:
     def __init__(self, options: Options, out: str):
         import ray
 
+        from ..model import open_tower
         from ..plan import budget_patches
-        from ..run import metadata, open_tower
+        from ..shards import shard_metadata
 
         device = "cuda" if ray.get_gpu_ids() else "cpu"  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU
         self.options = replace(options, device=device, max_failures=None)  # the driver counts failures
         self.out = out
         self.tower, _, self.mode = open_tower(self.options)
         self.max_patches = budget_patches(self.tower, self.options, self.mode)
-        self.metadata = metadata(self.options, self.tower)
+        self.metadata = shard_metadata(self.options, self.tower)
 
     def __call__(self, batch: dict) -> dict:
         from ..pipeline import run
@@ -85,7 +87,7 @@ class TaskEncoder:
                              name=f"shard-{task['id']}-{{:03d}}.safetensors".format, on_rows=rows.extend)
         patches, error = 0, ""
         try:
-            patches = run(_items(task), self.tower, self.options, writer, self.mode, self.max_patches).patches
+            patches = run(_items(task), [self.tower], self.options, writer, self.mode, self.max_patches).patches
             writer.close()
         except OutputError as e:
             error = f"output: {e}"  # OUT stopped taking writes: the whole run stops (exit 4)
@@ -192,12 +194,12 @@ def connect(address: str | None, remote_wait_s: int = 600, local_wait_s: int = 1
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def encode_on_ray(todo: list[Item], out: Path, options: Options, bar, log, done: int) -> tuple[Summary, dict]:
+def encode(todo: list[Item], run: Run) -> Summary:
     """Encode `todo` on Ray; rows land in OUT's manifest as tasks return. Call with OUT's lock held."""
-    summary = Summary()
+    options = run.options
     if not todo:
-        log(f"{done} files, all done already; Ray not started")
-        return summary, {"ray_address": options.ray_address or "local"}
+        run.log(f"{run.done} files, all done already; Ray not started")
+        return Summary(where={"ray_address": options.ray_address or "local"})
     from ..model import find_checkpoint
 
     find_checkpoint(options.model)  # a wrong --model is told here, not by every actor in turn
@@ -205,66 +207,72 @@ def encode_on_ray(todo: list[Item], out: Path, options: Options, bar, log, done:
     options = replace(options, model=model)  # actors start elsewhere: no relative paths
     with connect(options.ray_address) as ray:
         pool = plan_pool(ray.cluster_resources(), options)
-        options = replace(options, workers=pool.cpus - 1)
-        log(f"{done + len(todo)} files, {done} already done; Ray ({options.ray_address or 'local'}): "
-            f"{pool.actors} actor(s) on {pool.device}, {pool.cpus} CPU(s) each, tasks of {options.task_files} files")
-        progress = bar(len(todo))
+        run = replace(run, options=replace(options, workers=pool.cpus - 1))
+        run.log(f"{run.done + len(todo)} files, {run.done} already done; Ray ({options.ray_address or 'local'}): "
+                f"{pool.actors} actor(s) on {pool.device}, {pool.cpus} CPU(s) each, "
+                f"tasks of {options.task_files} files")
+        driver = _Driver(ray, run, pool, Summary(), run.bar(len(todo)))
         start = time.perf_counter()
         try:
-            lost = _round(ray, make_tasks(todo, options.task_files), pool, out, options, summary, progress)
+            lost = driver.round(make_tasks(todo, options.task_files))
             if lost:
                 files = [it for t in lost for it in _items(t)]
-                log(f"{len(lost)} task(s) did not come back; trying their {len(files)} file(s) one by one")
-                lost = _round(ray, make_tasks(files, 1), pool, out, options, summary, progress)
+                run.log(f"{len(lost)} task(s) did not come back; trying their {len(files)} file(s) one by one")
+                lost = driver.round(make_tasks(files, 1))
             if lost:
-                rows = [failed_row(_items(t)[0], "worker_died" if t["error"] == DIED else "error", t["error"])
-                        for t in lost]
-                _record(out, rows, 0, options, summary, progress)
+                driver.record([failed_row(_items(t)[0], "worker_died" if t["error"] == DIED else "error", t["error"])
+                               for t in lost], 0)
         finally:
-            progress.close()
+            driver.progress.close()
+        summary = driver.summary
         summary.seconds = time.perf_counter() - start
-    return summary, {"device": pool.device, "ray_address": options.ray_address or "local", "ray_actors": pool.actors,
-                     "task_files": options.task_files}
+    summary.where = {"device": pool.device, "ray_address": options.ray_address or "local",
+                     "ray_actors": pool.actors, "task_files": options.task_files}
+    return summary
 
 
-def _round(ray, tasks: list[dict], pool: Pool, out: Path, options: Options, summary: Summary,
-           progress: Progress) -> list[dict]:
-    """Run tasks through the actor pool, recording each one's rows as it returns.
+@dataclass
+class _Driver:
+    """The driver's side of a run: hands tasks to the actor pool and lands their rows in the manifest."""
 
-    Returns the tasks that did not come back, each with the reason; their shards are removed."""
-    ds = ray.data.from_items(tasks, override_num_blocks=len(tasks))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Ray 2.60 has no named parameter for max_restarts/max_task_retries yet
-        ds = ds.map_batches(
-            TaskEncoder, batch_size=1, fn_constructor_kwargs={"options": options, "out": str(out)},
-            # one task in flight per actor: a death costs only its own task a retry
-            compute=ray.data.ActorPoolStrategy(size=min(pool.actors, len(tasks)), max_tasks_in_flight_per_actor=1),
-            num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=-1, max_task_retries=RETRIES)
-    errors: dict[str, str] = {}
-    for row in ds.iter_rows():
-        error = str(row["error"])
-        if error.startswith("output: "):
-            raise OutputError(error.removeprefix("output: "))
-        if error:
-            errors[str(row["id"])] = error
-            continue
-        errors[str(row["id"])] = ""
-        _record(out, json.loads(str(row["rows"])), int(row["patches"]), options, summary, progress)
-    lost = [t | {"error": errors.get(t["id"]) or DIED} for t in tasks if errors.get(t["id"]) != ""]
-    for t in lost:  # a task that died after writing a shard, before its rows came back
-        for p in out.glob(f"shard-{t['id']}-*.safetensors"):
-            if SHARD_RE.match(p.name):
-                p.unlink(missing_ok=True)
-    return lost
+    ray: object
+    run: Run
+    pool: Pool
+    summary: Summary
+    progress: Progress
 
+    def round(self, tasks: list[dict]) -> list[dict]:
+        """Run tasks through the actor pool, recording each one's rows as it returns.
 
-def _record(out: Path, rows: list[dict], patches: int, options: Options, summary: Summary, progress: Progress) -> None:
-    append_rows(out, rows)
-    for r in rows:
-        summary.count(r["status"])
-        summary.frames += r["frames"] if r["status"] == "ok" else 0
-        summary.tokens += r["tokens"] or 0
-    summary.patches += patches
-    progress.advance(len(rows), patches)
-    if options.max_failures is not None and summary.failed > options.max_failures:
-        raise TooManyFailures(f"{summary.failed} files failed, more than --max-failures {options.max_failures}")
+        Returns the tasks that did not come back, each with the reason; their shards are removed."""
+        ray, pool, out = self.ray, self.pool, self.run.out
+        ds = ray.data.from_items(tasks, override_num_blocks=len(tasks))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Ray 2.60 has no named parameter for max_restarts/max_task_retries yet
+            ds = ds.map_batches(
+                TaskEncoder, batch_size=1, fn_constructor_kwargs={"options": self.run.options, "out": str(out)},
+                # one task in flight per actor: a death costs only its own task a retry
+                compute=ray.data.ActorPoolStrategy(size=min(pool.actors, len(tasks)), max_tasks_in_flight_per_actor=1),
+                num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=-1, max_task_retries=RETRIES)
+        errors: dict[str, str] = {}
+        for row in ds.iter_rows():
+            error = str(row["error"])
+            if error.startswith("output: "):
+                raise OutputError(error.removeprefix("output: "))
+            if error:
+                errors[str(row["id"])] = error
+                continue
+            errors[str(row["id"])] = ""
+            self.record(json.loads(str(row["rows"])), int(row["patches"]))
+        lost = [t | {"error": errors.get(t["id"]) or DIED} for t in tasks if errors.get(t["id"]) != ""]
+        for t in lost:  # a task that died after writing a shard, before its rows came back
+            for p in out.glob(f"shard-{t['id']}-*.safetensors"):
+                if SHARD_RE.match(p.name):
+                    p.unlink(missing_ok=True)
+        return lost
+
+    def record(self, rows: list[dict], patches: int) -> None:
+        append_rows(self.run.out, rows)
+        self.summary.record(rows, patches)
+        self.progress.advance(len(rows), patches)
+        self.summary.check(self.run.options.max_failures)

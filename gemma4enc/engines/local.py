@@ -1,0 +1,39 @@
+"""--engine local: this process feeds the tower(s), its decode workers feed it."""
+
+from __future__ import annotations
+
+from ..discover import Item
+from ..errors import UsageError
+from ..model import devices, open_tower
+from ..pipeline import Summary
+from ..pipeline import run as pipeline
+from ..plan import budget_patches
+from ..shards import ShardWriter, shard_metadata
+from . import Run
+
+
+def encode(todo: list[Item], run: Run) -> Summary:
+    """Encode `todo` with one tower per device; rows land in OUT's manifest as shards are written."""
+    options = run.options
+    opened = [open_tower(options, device) for device in devices(options)]
+    (tower, dtype, mode), towers = opened[0], [t for t, _, _ in opened]
+    if len({(t.device.type, t.dtype) for t in towers}) > 1:
+        raise UsageError("--devices: give devices of one kind (their outputs must be the same)")
+    max_patches = min(budget_patches(t, options, mode) for t in towers) if todo else 0
+    names = ", ".join(str(t.device) for t in towers)
+    run.log(f"{run.done + len(todo)} files, {run.done} already done; {names}, {dtype}, "
+            f"batching {mode}, ≤{max_patches} patches per call")
+    writer = ShardWriter(run.out, options.out_dtype, shard_metadata(options, tower), options.shard_bytes,
+                         options.pooled, options.flush_seconds)
+    progress = run.bar(len(todo))
+    try:
+        summary = pipeline(todo, towers, options, writer, mode, max_patches, progress)
+    except KeyboardInterrupt:
+        writer.flush()  # keep what is finished
+        raise
+    finally:
+        progress.close()
+    summary.where = {"device": names, "dtype": dtype, "batching": mode, "max_batch_patches": max_patches}
+    if len(towers) > 1:
+        summary.where["device_patches"] = summary.device_patches
+    return summary
