@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # plain torch requirement never pulls a multi-GB CUDA build. Override to choose.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install test bench bench-e2e bench-rss demo clean
+.PHONY: install test bench bench-e2e bench-rss bench-video demo clean
 
 install:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -36,3 +36,6 @@ demo:
 
 clean:
 	rm -rf $(VENV) demo bench-out *.egg-info
+
+bench-video:
+	$(PY) benchmarks/video_decode.py
