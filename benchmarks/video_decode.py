@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gemma4enc import decode  # noqa: E402
 from gemma4enc.decode import Sampling, decode_video  # noqa: E402
 from gemma4enc.patches import PATCH, patchify, target_size  # noqa: E402
 
@@ -126,20 +127,31 @@ def read_index(patches) -> int:
 # ---- timing -------------------------------------------------------------------------------------
 
 
-def cases() -> dict[str, dict]:
-    """Each case: keyword arguments of decode_video. `today` is the code as it was before issue 14."""
+TODAY = {"SKIPS_NONREF": set()}  # gemma4enc.decode as it was before issue 14: each new step turned off
+
+
+def cases() -> dict[str, tuple[dict, dict]]:
+    """Each case: keyword arguments of decode_video, and gemma4enc.decode settings it runs under."""
     return {
-        "decord": {"backend": "decord"},
-        "pyav today": {"backend": "pyav"},
+        "decord": ({"backend": "decord"}, {}),
+        "pyav today": ({"backend": "pyav"}, TODAY),
+        "pyav skip-nonref": ({"backend": "pyav"}, {}),
     }
 
 
-def run_case(path: Path, frames: int, kwargs: dict) -> tuple[float, int, int, list[int]]:
+def run_case(path: Path, frames: int, kwargs: dict, settings: dict) -> tuple[float, int, int, list[int]]:
     """CPU seconds, frames returned, frames whose bar code disagrees with their index, the indices."""
     transform = lambda image: patchify(image, TOKENS)  # noqa: E731 - as workers.prepare does
-    start = time.process_time()
-    got = decode_video(str(path), Sampling(frames=frames), transform=transform, **kwargs)
-    cpu = time.process_time() - start
+    saved = {k: getattr(decode, k) for k in settings}
+    for k, v in settings.items():
+        setattr(decode, k, v)
+    try:
+        start = time.process_time()
+        got = decode_video(str(path), Sampling(frames=frames), transform=transform, **kwargs)
+        cpu = time.process_time() - start
+    finally:
+        for k, v in saved.items():
+            setattr(decode, k, v)
     wrong = sum(read_index(p) != i for p, i in zip(got.images, got.indices))
     return cpu, len(got.indices), wrong, got.indices
 
@@ -157,8 +169,8 @@ def main(argv=None) -> None:
     seen: dict[tuple[str, str], tuple[int, int]] = {}
     for r in range(args.rounds):
         for name in names:
-            for case, kwargs in table.items():
-                cpu, n, wrong, _ = run_case(paths[name], args.frames, kwargs)
+            for case, (kwargs, settings) in table.items():
+                cpu, n, wrong, _ = run_case(paths[name], args.frames, kwargs, settings)
                 key = (name, case)
                 best[key] = min(best.get(key, float("inf")), cpu / max(n, 1))
                 seen[key] = (n, max(wrong, seen.get(key, (0, 0))[1]))

@@ -176,13 +176,15 @@ def _pyav_frames(container, stream, order, keyframes, wanted, transform, size) -
     """Frame number -> transform(RGB array) for each wanted frame that decodes; size gets (h, w)."""
     index_of = {int(p): i for i, p in enumerate(order)}
     pending = deque(int(order[i]) for i in wanted)  # target pts, rising
+    targets = set(pending)
+    skip = (lambda packet: packet.pts not in targets) if stream.codec_context.name in SKIPS_NONREF else None
     got: dict[int, np.ndarray] = {}
     frames, position = None, None  # the decoding run in progress and the pts it reached
     while pending:
         key = _keyframe_before(keyframes, pending[0])
         if frames is None or key > position:  # next target lies past the next keyframe: seek
             container.seek(key, stream=stream, backward=True)
-            frames = _decoded(container, stream)
+            frames = _decoded(container, stream, skip)
         for frame in frames:
             position = frame.pts
             while pending and pending[0] < position:  # its packet was corrupt: lost
@@ -204,11 +206,19 @@ def _keyframe_before(keyframes: list[int], pts: int) -> int:
     return keyframes[max(i, 0)] if keyframes else pts
 
 
-def _decoded(container, stream):
-    """Frames in presentation order, packet by packet, skipping packets that fail to decode."""
+def _decoded(container, stream, skip=None):
+    """Frames in presentation order, packet by packet, skipping packets that fail to decode.
+
+    `skip(packet)` True: its frame is not wanted, so the decoder may drop it unless another
+    frame refers to it (skip_frame NONREF); the wanted ones and every reference still decode,
+    so each frame that comes out is exactly the one a full decode gives.
+    """
     import av
 
+    context = stream.codec_context
     for packet in container.demux(stream):
+        if skip is not None:
+            context.skip_frame = "NONREF" if packet.pts is not None and skip(packet) else "DEFAULT"
         try:
             frames = packet.decode()
         except av.error.InvalidDataError:
@@ -264,6 +274,9 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
                                        "(raise --max-image-pixels to allow them)")
     return codec
 
+
+# decoders whose packets carry their frame's pts and that drop non-reference frames on request
+SKIPS_NONREF = {"h264", "hevc"}
 
 DECORD_CHUNK = 4  # frames fetched per get_batch call: memory holds a few full-size frames, not 32
 

@@ -95,8 +95,8 @@ def read_barcode(frame: np.ndarray) -> int:
 
 
 def write_video(path: Path, frames: int = 40, codec: str = "libx264", fps: int = 30, size=(192, 144),
-                durations_ms: list[int] | None = None) -> None:
-    """A clip whose frame i shows i; `durations_ms` gives a variable frame rate."""
+                durations_ms: list[int] | None = None, gop: int = 12) -> None:
+    """A clip whose frame i shows i; `durations_ms` gives a variable frame rate; x264/x265 add B-frames."""
     import fractions
 
     import av
@@ -104,10 +104,10 @@ def write_video(path: Path, frames: int = 40, codec: str = "libx264", fps: int =
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
-        stream.options = {"g": "12"} if codec in ("libx264", "libx265") else {}
+        stream.options = {"g": str(gop)} if codec in ("libx264", "libx265") else {}
         if durations_ms:  # millisecond clock; no B-frames, so decode order is presentation order
             stream.time_base = stream.codec_context.time_base = fractions.Fraction(1, 1000)
-            stream.options = {"g": "12", "bf": "0"}
+            stream.options = {"g": str(gop), "bf": "0"}
         t = 0
         for i in range(frames):
             frame = av.VideoFrame.from_ndarray(barcode_frame(i, *size), format="rgb24")

@@ -114,6 +114,32 @@ def test_sampled_frames_are_the_frames_they_claim(clips, name, backend):
     assert frames.timestamps == sorted(frames.timestamps)
 
 
+@pytest.fixture(scope="module")
+def long_gops(tmp_path_factory):
+    """B-frames (the encoders' default pyramid) and one keyframe every 250 frames."""
+    d = tmp_path_factory.mktemp("gop")
+    write_video(d / "h264.mp4", frames=320, gop=250)
+    write_video(d / "hevc.mp4", frames=320, gop=250, codec="libx265")
+    return d
+
+
+@pytest.mark.parametrize("name", ["h264.mp4", "hevc.mp4"])
+def test_skipping_unreferenced_frames_changes_no_pixel(long_gops, name, monkeypatch):
+    import av
+
+    from gemma4enc import decode
+
+    with av.open(str(long_gops / name)) as container:  # the decoder does drop frames when asked
+        stream = container.streams.video[0]
+        assert 0 < sum(1 for _ in decode._decoded(container, stream, skip=lambda packet: True)) < 320
+    fast = decode_video(str(long_gops / name), Sampling(frames=24), "pyav")
+    monkeypatch.setattr(decode, "SKIPS_NONREF", set())
+    full = decode_video(str(long_gops / name), Sampling(frames=24), "pyav")
+    assert fast.indices == full.indices == Sampling(frames=24).indices(320)
+    assert _indices_read(fast) == fast.indices
+    assert all(np.array_equal(a, b) for a, b in zip(fast.images, full.images))
+
+
 def test_vfr_timestamps_follow_the_stream(clips):
     frames = decode_video(str(clips / "vfr.mp4"), Sampling(frames=None, fps=4, max_frames=64), "pyav")
     assert _indices_read(frames) == frames.indices
