@@ -59,7 +59,7 @@ def _texture(height: int, width: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     coarse = rng.integers(0, 256, (height // 16 + 2, width // 16 + 2)).astype(np.float32)
     smooth = np.kron(coarse, np.ones((16, 16), np.float32))[:height, :width]
-    return np.clip(smooth * 0.7 + rng.normal(0, 18, (height, width)), 0, 255).astype(np.uint8)
+    return np.clip(smooth * 0.7 + rng.normal(0, 8, (height, width)), 0, 255).astype(np.uint8)
 
 
 def _yuv_frame(index: int, width: int, height: int, luma: np.ndarray, chroma: np.ndarray,
@@ -67,7 +67,7 @@ def _yuv_frame(index: int, width: int, height: int, luma: np.ndarray, chroma: np
     """(H*3/2, W) yuv420p: a panning texture, a little noise, and `index` in a black/white strip."""
     dx, dy = (index * 5) % (luma.shape[1] - width), (index * 3) % (luma.shape[0] - height)
     y = luma[dy: dy + height, dx: dx + width].copy()
-    y[height // STRIP:] += rng.integers(0, 4, (height - height // STRIP, width), dtype=np.uint8)
+    y[height // STRIP:] += rng.integers(0, 2, (height - height // STRIP, width), dtype=np.uint8)
     col = width // BITS
     for bit in range(BITS):
         y[: height // STRIP, bit * col: (bit + 1) * col] = 235 if (index >> bit) & 1 else 16
@@ -83,7 +83,8 @@ def make_clip(path: Path, codec: str, width: int, height: int, seconds: int, opt
     import av
 
     frames = seconds * FPS
-    luma, chroma = _texture(height * 2, width * 2, 1), _texture(height, width, 2)
+    luma = _texture(height * 2, width * 2, 1)
+    chroma = (128 + (_texture(height, width, 2).astype(np.int16) - 128) // 4).astype(np.uint8)  # camera-like colour
     rng = np.random.default_rng(3)
     partial = path.with_name(path.stem + ".partial" + path.suffix)
     started = last = time.monotonic()
