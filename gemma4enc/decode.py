@@ -135,11 +135,12 @@ def _apply_rotation(array: np.ndarray, degrees: int) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(array, k=turns)) if turns else array
 
 
-def decode_video_pyav(path: str, sampling: Sampling, transform=_same) -> Frames:
+def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str = "exact") -> Frames:
     """Index the stream by demuxing, then decode forward, seeking only past keyframes.
 
     Frame n is the n-th frame in presentation (pts) order. Packets are decoded one by one so
-    a corrupt packet loses its frames, not the rest of the file.
+    a corrupt packet loses its frames, not the rest of the file. seek="keyframe": each sample
+    moves to the nearest keyframe, and only keyframes are decoded.
     """
     import av
 
@@ -159,9 +160,12 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same) -> Frames:
         order = np.array(sorted(pts))
         base = stream.start_time if stream.start_time is not None else int(order[0])
         times = (order - base) * float(stream.time_base)
+        keyframes = sorted(keyframes)
         wanted = sampling.indices(len(order), times)
+        if seek == "keyframe":
+            wanted = snap_to_keyframes(wanted, np.searchsorted(order, keyframes).tolist())
         size: list[tuple[int, int]] = []
-        got = _pyav_frames(container, stream, order, sorted(keyframes), wanted, transform, size)
+        got = _pyav_frames(container, stream, order, keyframes, wanted, transform, size, seek == "keyframe")
     if not got:
         raise DecodeError("decode_error", "no sampled frame could be decoded")
     indices = sorted(got)
@@ -172,19 +176,25 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same) -> Frames:
                   timestamps=[round(float(times[i]), 6) for i in indices], info=info)
 
 
-def _pyav_frames(container, stream, order, keyframes, wanted, transform, size) -> dict[int, object]:
-    """Frame number -> transform(RGB array) for each wanted frame that decodes; size gets (h, w)."""
+def _pyav_frames(container, stream, order, keyframes, wanted, transform, size, keys_only=False) -> dict[int, object]:
+    """Frame number -> transform(RGB array) for each wanted frame that decodes; size gets (h, w).
+
+    keys_only: every wanted frame is a keyframe, so every other packet may be skipped.
+    """
     index_of = {int(p): i for i, p in enumerate(order)}
     pending = deque(int(order[i]) for i in wanted)  # target pts, rising
     targets = set(pending)
-    skip = (lambda packet: packet.pts not in targets) if stream.codec_context.name in SKIPS_NONREF else None
+    skip = None
+    if keys_only or stream.codec_context.name in SKIPS_NONREF:
+        skip = (lambda packet: packet.pts not in targets)
+    skip_mode = "NONKEY" if keys_only else "NONREF"
     got: dict[int, np.ndarray] = {}
     frames, position = None, None  # the decoding run in progress and the pts it reached
     while pending:
         key = _keyframe_before(keyframes, pending[0])
         if frames is None or key > position:  # next target lies past the next keyframe: seek
             container.seek(key, stream=stream, backward=True)
-            frames = _decoded(container, stream, skip)
+            frames = _decoded(container, stream, skip, skip_mode)
         for frame in frames:
             position = frame.pts
             while pending and pending[0] < position:  # its packet was corrupt: lost
@@ -201,24 +211,37 @@ def _pyav_frames(container, stream, order, keyframes, wanted, transform, size) -
     return got
 
 
+def snap_to_keyframes(wanted: list[int], keys: list[int]) -> list[int]:
+    """Each frame index moved to the nearest keyframe index (the earlier on a tie), once each."""
+    if not keys:
+        return wanted
+    snapped = set()
+    for i in wanted:
+        at = bisect.bisect_right(keys, i)
+        before, after = keys[max(at - 1, 0)], keys[min(at, len(keys) - 1)]
+        snapped.add(before if i - before <= after - i else after)
+    return sorted(snapped)
+
+
 def _keyframe_before(keyframes: list[int], pts: int) -> int:
     i = bisect.bisect_right(keyframes, pts) - 1
     return keyframes[max(i, 0)] if keyframes else pts
 
 
-def _decoded(container, stream, skip=None):
+def _decoded(container, stream, skip=None, skip_mode="NONREF"):
     """Frames in presentation order, packet by packet, skipping packets that fail to decode.
 
     `skip(packet)` True: its frame is not wanted, so the decoder may drop it unless another
     frame refers to it (skip_frame NONREF); the wanted ones and every reference still decode,
-    so each frame that comes out is exactly the one a full decode gives.
+    so each frame that comes out is exactly the one a full decode gives. NONKEY drops every
+    frame but keyframes: for when only keyframes are wanted.
     """
     import av
 
     context = stream.codec_context
     for packet in container.demux(stream):
         if skip is not None:
-            context.skip_frame = "NONREF" if packet.pts is not None and skip(packet) else "DEFAULT"
+            context.skip_frame = skip_mode if packet.pts is not None and skip(packet) else "DEFAULT"
         try:
             frames = packet.decode()
         except av.error.InvalidDataError:
@@ -228,7 +251,7 @@ def _decoded(container, stream, skip=None):
                 yield frame
 
 
-def decode_video_decord(path: str, sampling: Sampling, transform=_same) -> Frames:
+def decode_video_decord(path: str, sampling: Sampling, transform=_same, seek: str = "exact") -> Frames:
     import decord
 
     decord.logging.set_level(decord.logging.QUIET)
@@ -241,6 +264,8 @@ def decode_video_decord(path: str, sampling: Sampling, transform=_same) -> Frame
         raise DecodeError("empty", "the video stream has no frames")
     times = reader.get_frame_timestamp(np.arange(total))[:, 0]
     wanted = sampling.indices(total, times)
+    if seek == "keyframe":
+        wanted = snap_to_keyframes(wanted, sorted(int(k) for k in reader.get_key_indices()))
     images = []
     for at in range(0, len(wanted), DECORD_CHUNK):
         try:
@@ -285,24 +310,25 @@ DECORD_INEXACT = {"hevc", "h265"}
 
 
 def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None,
-                 transform=_same) -> Frames:
+                 transform=_same, seek: str = "exact") -> Frames:
     """--video-backend auto|decord|pyav; auto takes decord where it is frame-accurate.
 
     `transform` is applied to each frame as it is decoded (the pipeline passes patchify), so
-    only a few full-size frames are ever held at once.
+    only a few full-size frames are ever held at once. seek="keyframe" (--seek): each sample
+    snapped to the nearest keyframe; `indices` says which frames were taken.
     """
     codec = _guard(_probe, path, max_pixels)
     if backend == "pyav":
-        return _guard(decode_video_pyav, path, sampling, transform)
+        return _guard(decode_video_pyav, path, sampling, transform, seek)
     if backend == "decord":
-        return _guard(decode_video_decord, path, sampling, transform)
+        return _guard(decode_video_decord, path, sampling, transform, seek)
     if codec in DECORD_INEXACT:
-        return _guard(decode_video_pyav, path, sampling, transform)
+        return _guard(decode_video_pyav, path, sampling, transform, seek)
     try:
-        return _guard(decode_video_decord, path, sampling, transform)
+        return _guard(decode_video_decord, path, sampling, transform, seek)
     except DecodeError as first:
         try:
-            return _guard(decode_video_pyav, path, sampling, transform)
+            return _guard(decode_video_pyav, path, sampling, transform, seek)
         except DecodeError as second:
             raise DecodeError(second.status, f"{second} (decord: {first})") from None
 
@@ -324,12 +350,12 @@ def _guard(fn, *args):
 
 
 def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None,
-           transform=_same) -> Frames:
+           transform=_same, seek: str = "exact") -> Frames:
     """One file's frames, each passed through `transform` as soon as it is decoded."""
     if kind == "image":
         frames = decode_image(path, max_pixels)
         frames.images = [transform(image) for image in frames.images]
         return frames
     if kind == "video":
-        return decode_video(path, sampling, backend, max_pixels, transform)
+        return decode_video(path, sampling, backend, max_pixels, transform, seek)
     raise DecodeError("unsupported", "not an image or video format we know")

@@ -25,6 +25,9 @@ class Options:
     sampling: Sampling = field(default_factory=Sampling)
     # auto | decord | pyav
     video_backend: str = "auto"
+    # exact: each sampled frame is the one asked for | keyframe: each moved to the nearest keyframe
+    # (only keyframes are decoded; frame_indices say which frames were taken)
+    seek: str = "exact"
     # auto | serial | bucket | pack
     batching: str = "auto"
     # share of free accelerator memory a batch may use
@@ -66,5 +69,5 @@ class Options:
 
     def fingerprint(self) -> dict:
         """The settings that change what is written: a re-run must match them."""
-        keep = ("model", "image_tokens", "video_tokens", "sampling", "out_dtype")
+        keep = ("model", "image_tokens", "video_tokens", "sampling", "seek", "out_dtype")
         return {k: v for k, v in asdict(self).items() if k in keep}

@@ -116,6 +116,8 @@ def test_rerun_does_only_what_changed(run, ckpt_sharded):
     assert json.loads(again.stdout)["done_before"] == 13 and json.loads(again.stdout)["encoded"] == 0
     other = encode([media, "-o", out, "--model", ckpt_sharded, *BASE[:-4], "--frames", "6", "-q"])
     assert other.exit_code == 2 and "other settings" in other.output
+    keys = encode([media, "-o", out, "--model", ckpt_sharded, *BASE, "--seek", "keyframe"])
+    assert keys.exit_code == 2 and "seek: 'exact' → 'keyframe'" in keys.output
 
 
 def test_bad_file_does_not_change_good_ones(run, media, ckpt_sharded, tmp_path):
@@ -193,7 +195,8 @@ def test_plan_and_inspect(run, media):
 
 def test_usage_errors_exit_2(media, ckpt_sharded, tmp_path):
     for args in (["--max-soft-tokens", "100"], ["--video-backend", "opencv"], ["--shard-size", "lots"],
-                 ["--devices", ","], ["--devices", "cpu,cuda:7"], ["--engine", "spark"]):
+                 ["--devices", ","], ["--devices", "cpu,cuda:7"], ["--engine", "spark"],
+                 ["--seek", "nearest"]):
         result = encode([media, "-o", tmp_path / "x", "--model", ckpt_sharded, *args])
         assert result.exit_code == 2, args
     blocker = tmp_path / "file"

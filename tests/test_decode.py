@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gemma4enc.decode import DecodeError, Sampling, decode_image, decode_video
+from gemma4enc.decode import DecodeError, Sampling, decode_image, decode_video, snap_to_keyframes
 from gemma4enc.demo import read_barcode, rotate_mp4, write_video
 
 MAX = 89_478_485
@@ -138,6 +138,49 @@ def test_skipping_unreferenced_frames_changes_no_pixel(long_gops, name, monkeypa
     assert fast.indices == full.indices == Sampling(frames=24).indices(320)
     assert _indices_read(fast) == fast.indices
     assert all(np.array_equal(a, b) for a, b in zip(fast.images, full.images))
+
+
+def _keyframe_indices(path) -> list[int]:
+    """Presentation-order numbers of the keyframes, from the container's packets."""
+    import av
+
+    with av.open(str(path)) as container:
+        packets = [p for p in container.demux(video=0) if p.pts is not None and p.size]
+    order = sorted(p.pts for p in packets)
+    return sorted(order.index(p.pts) for p in packets if p.is_keyframe)
+
+
+@pytest.mark.parametrize("name, backend", [("h264.mp4", "pyav"), ("h264.mp4", "decord"), ("hevc.mp4", "pyav"),
+                                           ("h264.mp4", "auto")])
+def test_keyframe_seek_takes_and_records_keyframes(clips, name, backend):
+    keys = _keyframe_indices(clips / name)
+    asked = Sampling(frames=8).indices(75)
+    frames = decode_video(str(clips / name), Sampling(frames=8), backend, seek="keyframe")
+    assert frames.indices == snap_to_keyframes(asked, keys) != asked
+    assert set(frames.indices) <= set(keys) and len(keys) < 75
+    assert _indices_read(frames) == frames.indices  # each frame is the keyframe it claims
+
+
+def test_keyframe_seek_reaches_the_manifest_fields(clips):
+    from gemma4enc.discover import discover
+    from gemma4enc.options import Options
+    from gemma4enc.workers import prepare
+
+    (item,), _ = discover([str(clips / "h264.mp4")])
+    exact = prepare(item, Options(sampling=Sampling(frames=8)))
+    keyed = prepare(item, Options(sampling=Sampling(frames=8), seek="keyframe"))
+    assert exact.video["frame_indices"] == Sampling(frames=8).indices(75)
+    assert keyed.video["frame_indices"] == snap_to_keyframes(exact.video["frame_indices"],
+                                                             _keyframe_indices(clips / "h264.mp4"))
+    assert len(keyed.patches) == len(keyed.video["frame_indices"]) == len(keyed.video["timestamps"])
+    assert Options(seek="keyframe").fingerprint()["seek"] == "keyframe"
+
+
+def test_snapping_picks_the_nearest_keyframe_once():
+    assert snap_to_keyframes([0, 5, 6, 11, 13, 40], [0, 12, 24]) == [0, 12, 24]
+    assert snap_to_keyframes([3, 9], [0, 12]) == [0, 12]
+    assert snap_to_keyframes([6], [0, 12]) == [0]  # a tie goes to the earlier one
+    assert snap_to_keyframes([4, 7], []) == [4, 7]
 
 
 def test_vfr_timestamps_follow_the_stream(clips):
