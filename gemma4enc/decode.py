@@ -148,7 +148,9 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str 
         if not container.streams.video:
             raise DecodeError("no_video_stream", "the file has no video stream")
         stream = container.streams.video[0]
-        stream.thread_count = 1  # workers decode in parallel; threads inside them only contend
+        stream.thread_count = THREADS  # workers decode in parallel; threads inside them only contend
+        if THREADS > 1:  # the tail of a run: cores are idle (workers.py sets THREADS)
+            stream.thread_type = "AUTO"
         pts, keyframes = [], []
         for packet in container.demux(stream):
             if packet.pts is not None and packet.size:
@@ -256,7 +258,7 @@ def decode_video_decord(path: str, sampling: Sampling, transform=_same, seek: st
 
     decord.logging.set_level(decord.logging.QUIET)
     try:
-        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
+        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=THREADS)
     except (RuntimeError, decord.DECORDError) as e:
         raise DecodeError("decode_error", f"decord: {str(e).splitlines()[0][:200]}") from None
     total = len(reader)
@@ -299,6 +301,10 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
                                        "(raise --max-image-pixels to allow them)")
     return codec
 
+
+# decoder threads per video: 1 while every worker is busy; the pool raises it for a run's last
+# files, when fewer files than workers remain and their cores would idle
+THREADS = 1
 
 # decoders whose packets carry their frame's pts and that drop non-reference frames on request
 SKIPS_NONREF = {"h264", "hevc"}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable, Iterable, Iterator
 
+from . import decode as decoding
 from .decode import DecodeError, decode
 from .discover import Item
 from .options import Options
@@ -99,7 +100,7 @@ def _serve(conn, fn: Callable, options: Options) -> None:
             return
         if task is None:
             return
-        seq, item = task
+        seq, item, decoding.THREADS = task
         try:
             result = fn(item, options)
         except Exception as e:  # noqa: BLE001
@@ -134,10 +135,10 @@ class _Worker:
         self.task: tuple[int, Item] | None = None
         self.deadline = float("inf")
 
-    def give(self, seq: int, item: Item, timeout: float | None) -> None:
+    def give(self, seq: int, item: Item, timeout: float | None, threads: int = 1) -> None:
         self.task = (seq, item)
         self.deadline = time.monotonic() + timeout if timeout else float("inf")
-        self.conn.send((seq, item))
+        self.conn.send((seq, item, threads))
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -179,6 +180,7 @@ class _Run:
         self.cond = threading.Condition()
         self.submitted = self.taken = 0
         self.exhausted = self.stopping = False
+        self.peeked = next(self.items, None)  # read ahead by one: see _next
         self.failure: BaseException | None = None
         self.thread = threading.Thread(target=self._manage, name="gemma4enc-decode-manager", daemon=True)
         self.thread.start()
@@ -237,14 +239,29 @@ class _Run:
             if self.exhausted or self.stopping:
                 return
             if w.task is None and self.submitted - self.taken < self.pool.ahead:
-                item = next(self.items, None)
+                item = self._next()
                 if item is None:
                     with self.cond:
                         self.exhausted = True
                         self.cond.notify_all()
                     return
-                w.give(self.submitted, item, self.pool.timeout)
+                w.give(self.submitted, item, self.pool.timeout, self._threads())
                 self.submitted += 1
+
+    def _next(self) -> Item | None:
+        """The next item; one is read ahead so that the last ones are known as such."""
+        item, self.peeked = self.peeked, next(self.items, None)
+        return item
+
+    def _threads(self) -> int:
+        """Decoder threads for the file just taken: its share of the workers with nothing left to do.
+
+        While files remain, 1. When the last one is handed out, the workers that will get none
+        lend it their cores, so one long video does not decode on one core while the rest idle.
+        """
+        if self.peeked is not None:
+            return 1
+        return max(1, sum(1 for w in self.workers if w.task is None))  # the taker among them
 
     def _collect(self, w: _Worker) -> None:
         try:

@@ -123,17 +123,21 @@ def long_gops(tmp_path_factory):
     return d
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("name", ["h264.mp4", "hevc.mp4"])
-def test_skipping_unreferenced_frames_changes_no_pixel(long_gops, name, monkeypatch):
+def test_skipping_unreferenced_frames_changes_no_pixel(long_gops, name, threads, monkeypatch):
     import av
 
     from gemma4enc import decode
+
+    monkeypatch.setattr(decode, "THREADS", threads)  # a run's tail: frame threads, same frames
 
     with av.open(str(long_gops / name)) as container:  # the decoder does drop frames when asked
         stream = container.streams.video[0]
         assert 0 < sum(1 for _ in decode._decoded(container, stream, skip=lambda packet: True)) < 320
     fast = decode_video(str(long_gops / name), Sampling(frames=24), "pyav")
     monkeypatch.setattr(decode, "SKIPS_NONREF", set())
+    monkeypatch.setattr(decode, "THREADS", 1)
     full = decode_video(str(long_gops / name), Sampling(frames=24), "pyav")
     assert fast.indices == full.indices == Sampling(frames=24).indices(320)
     assert _indices_read(fast) == fast.indices

@@ -55,6 +55,20 @@ def test_a_hung_or_crashing_decoder_costs_one_file(tmp_path):
     assert pool.replaced == 3  # hang, crash, exit: each worker replaced, the run went on
 
 
+def threads_given(item: Item, options: Options) -> Decoded:
+    from gemma4enc import decode
+
+    return Decoded(item, width=decode.THREADS)
+
+
+def test_the_last_file_gets_the_idle_workers_cores(tmp_path):
+    alone = list(DecodePool(Options(), workers=3, timeout=30, fn=threads_given).map(items(tmp_path, ["ok-0"])))
+    assert [d.width for d in alone] == [3]
+    many = list(DecodePool(Options(), workers=3, timeout=30, fn=threads_given).map(
+        items(tmp_path, [f"ok-{i}" for i in range(6)])))
+    assert [d.width for d in many[:-1]] == [1] * 5 and 1 <= many[-1].width <= 3
+
+
 def test_look_ahead_is_bounded(tmp_path):
     names = [f"ok-{i}" for i in range(50)]
     results = DecodePool(Options(), workers=2, timeout=30, ahead=4, fn=fake_decode).map(items(tmp_path, names))
