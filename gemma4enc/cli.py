@@ -33,6 +33,7 @@ Frames = Annotated[int, typer.Option("--frames", help="Frames sampled uniformly 
 Fps = Annotated[Optional[float], typer.Option("--fps", help="Sample this many frames per second instead.")]
 MaxFrames = Annotated[int, typer.Option("--max-frames", help="Cap on frames per video with --fps.")]
 Backend = Annotated[str, typer.Option("--video-backend", help="auto (decord where frame-accurate, else PyAV), decord or pyav.")]
+Resize = Annotated[str, typer.Option("--resize", help="fast (fewer pixels resized, within 45 dB PSNR of exact, same patch grid) or exact (the processor's pixels).")]
 Seek = Annotated[str, typer.Option("--seek", help="exact (each sampled frame as asked) or keyframe (each moved to the nearest keyframe, decoding only keyframes; frame_indices say which).")]
 Batching = Annotated[str, typer.Option(help="auto, serial (one item per call), bucket (same patch count) or pack (any size).")]
 MemFraction = Annotated[float, typer.Option("--memory-fraction", help="Share of free accelerator memory a batch may use.")]
@@ -88,6 +89,8 @@ def _options(**kw):
             raise UsageError(f"{flag} {value}: use one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}")
     if kw["video_backend"] not in ("auto", "decord", "pyav"):
         raise UsageError(f"--video-backend {kw['video_backend']!r}: use auto, decord or pyav")
+    if kw["resize"] not in ("fast", "exact"):
+        raise UsageError(f"--resize {kw['resize']!r}: use fast or exact")
     if kw["seek"] not in ("exact", "keyframe"):
         raise UsageError(f"--seek {kw['seek']!r}: use exact or keyframe")
     if kw["out_dtype"] not in ("bfloat16", "float16", "float32"):
@@ -164,6 +167,7 @@ def encode(
     max_frames: MaxFrames = 32,
     video_backend: Backend = "auto",
     seek: Seek = "exact",
+    resize: Resize = "fast",
     batching: Batching = "auto",
     memory_fraction: MemFraction = 0.7,
     max_batch_patches: MaxPatches = None,
@@ -200,7 +204,8 @@ def encode(
     try:
         options = _options(model=model, dtype=dtype, device=device, devices=devices, image_tokens=image_tokens,
                            video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
-                           video_backend=video_backend, seek=seek, batching=batching, memory_fraction=memory_fraction,
+                           video_backend=video_backend, seek=seek, resize=resize, batching=batching,
+                           memory_fraction=memory_fraction,
                            max_batch_patches=max_batch_patches, compile=use_compile, shard_size=shard_size,
                            out_dtype=out_dtype, max_image_pixels=max_image_pixels, pooled=pooled, workers=workers,
                            decode_timeout=decode_timeout, flush_seconds=flush_seconds, hash=content_hash,
@@ -353,7 +358,8 @@ def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo chec
     typer.echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)
     encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu", devices=None,
            image_tokens=280, video_tokens=70, frames=8, fps=None, max_frames=32, video_backend="auto",
-           seek="exact", batching="auto", memory_fraction=0.7, max_batch_patches=None, shard_size="1GB", out_dtype="float32",
+           seek="exact", resize="fast", batching="auto", memory_fraction=0.7, max_batch_patches=None,
+           shard_size="1GB", out_dtype="float32",
            files_from=None, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,
            workers=None, decode_timeout=120.0, flush_seconds=60.0, content_hash=False, retry_failed=False, max_failures=None,
            overwrite=False, engine="local", ray_address=None, ray_actors=None, task_files=64, json_out=True,

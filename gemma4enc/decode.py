@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from .discover import SNIFF_BYTES, sniff
+from .patches import target_size
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, not a grey patch
 
@@ -127,6 +128,22 @@ def decode_image(path: str, max_pixels: int | None) -> Frames:
 
 def _same(frame):
     return frame
+
+
+# --resize fast, videos: a frame is box-averaged by a whole factor first while the processor's
+# bicubic that follows still shrinks it by at least this much (1080p → 70 tokens: 47 dB PSNR of
+# exact, 5 of 12 ms saved per frame; with the bicubic shrinking only 1.7× after it, 39 dB)
+PREFIT_GAP = 1.8
+
+
+def prefit(frame: np.ndarray, max_soft_tokens: int) -> np.ndarray:
+    """(H, W, 3) frame → the same frame box-reduced where that keeps the fidelity floor and the patch grid."""
+    h, w = frame.shape[:2]
+    th, tw = target_size(h, w, max_soft_tokens)
+    k = int(min(h / th, w / tw) // PREFIT_GAP)
+    if k < 2 or h % k or w % k or target_size(h // k, w // k, max_soft_tokens) != (th, tw):
+        return frame  # the grid is computed from the size it gets: reduce only where it is the same
+    return np.asarray(Image.fromarray(frame).reduce(k))
 
 
 def _apply_rotation(array: np.ndarray, degrees: int) -> np.ndarray:

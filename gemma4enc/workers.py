@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 from typing import Callable, Iterable, Iterator
 
 from . import decode as decoding
-from .decode import DecodeError, decode
+from .decode import DecodeError, decode, prefit
 from .discover import Item
 from .options import Options
 from .patches import Patches, patchify
@@ -52,8 +52,9 @@ def prepare(item: Item, options: Options) -> Decoded:
     try:
         digest = sha256(item.path) if options.hash else None
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
+        fit = prefit if item.kind == "video" and options.resize == "fast" else lambda image, _: image
         frames = decode(item.path, item.kind, options.sampling, options.video_backend, options.max_image_pixels,
-                        transform=lambda image: patchify(image, budget), seek=options.seek)
+                        transform=lambda image: patchify(fit(image, budget), budget), seek=options.seek)
         video = {}
         if item.kind == "video":
             video = {"frame_indices": frames.indices, "timestamps": frames.timestamps,

@@ -187,6 +187,46 @@ def test_snapping_picks_the_nearest_keyframe_once():
     assert snap_to_keyframes([4, 7], []) == [4, 7]
 
 
+@pytest.fixture(scope="module")
+def full_hd(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hd") / "hd.mp4"
+    write_video(path, frames=6, size=(1920, 1080))
+    return path
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return 10 * np.log10(255.0**2 / mse) if mse else float("inf")
+
+
+def test_fast_resize_holds_the_floor_on_full_hd_frames(full_hd):
+    from gemma4enc.discover import discover
+    from gemma4enc.options import Options
+    from gemma4enc.patches import patchify
+    from gemma4enc.workers import prepare
+
+    (item,), _ = discover([str(full_hd)])
+    fast = prepare(item, Options(sampling=Sampling(frames=6)))
+    exact = prepare(item, Options(sampling=Sampling(frames=6), resize="exact"))
+    assert fast.video["frame_indices"] == exact.video["frame_indices"] == list(range(6))
+    for f, e in zip(fast.patches, exact.patches, strict=True):
+        assert np.array_equal(f.positions, e.positions)  # the processor's grid
+        assert 45 <= _psnr(f.pixels, e.pixels) < float("inf")  # the floor, and the fast path was taken
+    raw = decode_video(str(full_hd), Sampling(frames=6), "auto")  # exact: the processor's resize, as before
+    assert all(np.array_equal(patchify(r, 70).pixels, e.pixels) for r, e in zip(raw.images, exact.patches))
+
+
+def test_prefit_leaves_what_it_cannot_reduce_safely():
+    from gemma4enc.decode import prefit
+
+    small = np.zeros((480, 854, 3), np.uint8)  # the bicubic shrinks it < 2 × PREFIT_GAP: untouched
+    assert prefit(small, 70) is small
+    odd = np.zeros((1081, 1921, 3), np.uint8)  # no whole factor divides it
+    assert prefit(odd, 70) is odd
+    assert prefit(np.zeros((1080, 1920, 3), np.uint8), 70).shape == (540, 960, 3)
+    assert prefit(np.zeros((2160, 3840, 3), np.uint8), 70).shape == (540, 960, 3)
+
+
 def test_vfr_timestamps_follow_the_stream(clips):
     frames = decode_video(str(clips / "vfr.mp4"), Sampling(frames=None, fps=4, max_frames=64), "pyav")
     assert _indices_read(frames) == frames.indices
