@@ -165,7 +165,7 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str 
         if not container.streams.video:
             raise DecodeError("no_video_stream", "the file has no video stream")
         stream = container.streams.video[0]
-        stream.thread_count = THREADS  # workers decode in parallel; threads inside them only contend
+        stream.thread_count = THREADS  # 1: workers decode in parallel, threads inside them only contend
         if THREADS > 1:  # the tail of a run: cores are idle (workers.py sets THREADS)
             stream.thread_type = "AUTO"
         pts, keyframes = [], []
