@@ -281,6 +281,18 @@ class Embeddings:
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
             return f.get_slice("pooled")[row["index"]: row["index"] + 1][0]
 
+    def mm_encoder_outputs(self, paths, device=None, dtype=None, model=None):
+        """What Gemma 4's `generate` takes in place of pixels, and what its prompt needs (gemma.py)."""
+        from .gemma import model_inputs
+
+        return model_inputs(self, paths, device, dtype, model)
+
+    def pooled_matrix(self, per_frame: bool = False):
+        """(paths, (N, D) float32 array) of every file's latest pooled vector (retrieval.py)."""
+        from .retrieval import pooled_matrix
+
+        return pooled_matrix(self, per_frame)
+
 
 def open_output(out: str | os.PathLike) -> Embeddings:
     return Embeddings(out)
