@@ -129,3 +129,43 @@ def video_frames(path: Path, frames: int) -> tuple[np.ndarray, dict]:
     meta = VideoMetadata(total_num_frames=total, fps=fps, frames_indices=indices,
                          height=decoded[0].shape[0], width=decoded[0].shape[1])
     return np.stack([decoded[i] for i in indices]), meta
+
+
+TEXT = "Two photos <|image|> and <|image|>, then a clip <|video|>. What changed?"
+IMAGE_TOKENS, FRAMES = 140, 4
+PATHS = ("a.png", "b.jpg", "clip.mp4")
+
+
+def write_media(root: Path) -> Path:
+    """Two images, a 40-frame clip at 30 fps (4 frames sampled: 00:00 … 00:01), a broken file."""
+    from .conftest import photo
+
+    root.mkdir(parents=True, exist_ok=True)
+    photo(300, 500, seed=1).save(root / "a.png")
+    photo(400, 240, seed=2).save(root / "b.jpg", quality=95)
+    demo.write_video(root / "clip.mp4", frames=40)
+    (root / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    return root
+
+
+def encode(media: Path, out: Path, ckpt: Path, *extra: str):
+    """`gemma4enc encode` through its CLI; the reader of the result."""
+    from typer.testing import CliRunner
+
+    import gemma4enc
+    from gemma4enc.cli import app
+
+    args = ["encode", str(media), "-o", str(out), "--model", str(ckpt), "--device", "cpu", "--workers", "0",
+            "--max-soft-tokens", str(IMAGE_TOKENS), "--frames", str(FRAMES), "--video-backend", "pyav", "-q", *extra]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output  # 1: broken.jpg failed, the rest is encoded
+    return gemma4enc.open(out)
+
+
+def pixel_inputs(processor, media: Path):
+    """The prompt through Gemma4Processor with the pixels, as transformers users give them."""
+    from PIL import Image
+
+    images = [Image.open(media / name).convert("RGB") for name in PATHS[:2]]
+    frames, meta = video_frames(media / PATHS[2], FRAMES)
+    return processor(text=TEXT, images=[images], videos=[frames], video_metadata=[meta], return_tensors="pt")

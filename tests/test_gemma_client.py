@@ -11,37 +11,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from PIL import Image
-from typer.testing import CliRunner
 
 import gemma4enc
-from gemma4enc.cli import app
-from gemma4enc.demo import write_video
 
 from . import gemma_client as gc
-from .conftest import photo
+from .gemma_client import FRAMES, IMAGE_TOKENS, PATHS, TEXT, encode
 
-TEXT = "Two photos <|image|> and <|image|>, then a clip <|video|>. What changed?"
-IMAGE_TOKENS, FRAMES = 140, 4
 GREEDY = {"max_new_tokens": 20, "min_new_tokens": 20, "do_sample": False}
-
-
-def encode(media, out, ckpt, *extra):
-    args = ["encode", str(media), "-o", str(out), "--model", str(ckpt), "--device", "cpu", "--workers", "0",
-            "--max-soft-tokens", str(IMAGE_TOKENS), "--frames", str(FRAMES), "--video-backend", "pyav", "-q", *extra]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 1, result.output  # 1: broken.jpg failed, the rest is encoded
-    return gemma4enc.open(out)
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
-    root = tmp_path_factory.mktemp("client-media")
-    photo(300, 500, seed=1).save(root / "a.png")
-    photo(400, 240, seed=2).save(root / "b.jpg", quality=95)
-    write_video(root / "clip.mp4", frames=40)  # 40 frames at 30 fps: 4 sampled, at 00:00 … 00:01
-    (root / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
-    return root
+    return gc.write_media(tmp_path_factory.mktemp("client-media"))
 
 
 @pytest.fixture(scope="module", params=["e2b", "26b"])
@@ -54,13 +35,11 @@ def client(request, media, tmp_path_factory):
 
     model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
     processor = gc.processor(IMAGE_TOKENS)
-    images = [Image.open(media / "a.png").convert("RGB"), Image.open(media / "b.jpg").convert("RGB")]
-    frames, meta = gc.video_frames(media / "clip.mp4", FRAMES)
-    pixels = processor(text=TEXT, images=[images], videos=[frames], video_metadata=[meta], return_tensors="pt")
-    paths = [media / "a.png", media / "b.jpg", media / "clip.mp4"]
+    paths = [media / name for name in PATHS]
     inputs = emb.mm_encoder_outputs(paths, model=model)
     return SimpleNamespace(kind=kind, folder=folder, ckpt=ckpt, emb=emb, model=model, processor=processor,
-                           pixels=pixels, paths=paths, inputs=inputs, batch=inputs.tokenize(processor, TEXT))
+                           pixels=gc.pixel_inputs(processor, media), paths=paths, inputs=inputs,
+                           batch=inputs.tokenize(processor, TEXT))
 
 
 @torch.no_grad()
