@@ -9,7 +9,8 @@ from ._version import __version__  # noqa: F401 - the public name
 
 
 def open(out):  # noqa: A001 - the reader's natural name, as in safetensors.safe_open / tarfile.open
-    """An output folder's reader: `emb[path]`, `emb.frames(path)`, `emb.pooled(path)`, `emb.row(path)`."""
+    """An output folder's reader: `emb[path]`, `emb.frames(path)`, `emb.pooled(path)`, `emb.row(path)`,
+    `emb.mm_encoder_outputs(paths, model=…)` for Gemma 4, `emb.pooled_matrix()` for search."""
     from .shards import Embeddings
 
     return Embeddings(out)

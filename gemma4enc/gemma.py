@@ -110,19 +110,24 @@ class ModelInputs:
         return batch | {"mm_token_type_ids": types, "mm_encoder_outputs": self.mm_encoder_outputs}
 
     def splice(self, model, batch: dict) -> dict:
-        """The same inputs for any transformers 5.x: `model.generate(**inputs.splice(model, batch))`.
+        """The same inputs for a forward pass on any transformers 5.x: `model(**inputs.splice(model, batch))`.
 
         As Gemma4Model.forward: placeholders become the pad token, are embedded, then replaced
         by the soft tokens; E2B/E4B also take per-layer inputs from the padded ids, which 5.9+
         accepts (without them, the model would try to read token ids back from the embeddings).
+        5.24's `generate` refuses `inputs_embeds` for Gemma 4: prefill with this, decode from the cache.
         """
         config, ids = model.config, batch["input_ids"]
         placeholders = {"image": ids == config.image_token_id, "video": ids == config.video_token_id}
         text_ids = ids.masked_fill(placeholders["image"] | placeholders["video"], config.text_config.pad_token_id)
         embeds = model.get_input_embeddings()(text_ids.to(model.device))
         for kind, placeholder in placeholders.items():
-            if kind in self.mm_encoder_outputs:
-                feats = torch.cat(self.mm_encoder_outputs[kind].pooler_output).to(embeds.device, embeds.dtype)
+            stored = self.mm_encoder_outputs[kind].pooler_output if kind in self.mm_encoder_outputs else []
+            if int(placeholder.sum()) != sum(t.shape[0] for t in stored):
+                raise ValueError(f"{int(placeholder.sum())} {kind} placeholders in input_ids, "
+                                 f"{sum(t.shape[0] for t in stored)} stored {kind} tokens")
+            if stored:
+                feats = torch.cat(stored).to(embeds.device, embeds.dtype)
                 mask = placeholder.to(embeds.device)[..., None].expand_as(embeds)
                 embeds = embeds.masked_scatter(mask, feats)
         out = {"inputs_embeds": embeds, "attention_mask": batch["attention_mask"],

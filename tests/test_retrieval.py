@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -39,44 +42,31 @@ def folder(ckpt, tmp_path_factory):
     return root, media, before
 
 
-class Spy:
-    """safe_open that records every tensor read and how many rows it spanned."""
+class Rows:
+    """A tensor slice that records how many rows each read spans."""
 
-    def __init__(self, real, reads):
-        self.real, self.reads = real, reads
+    def __init__(self, inner, name, reads):
+        self.inner, self.name, self.reads = inner, name, reads
 
-    def __call__(self, path, **kw):
-        spy = self
+    def get_shape(self):
+        return self.inner.get_shape()
 
-        class Handle:
-            def __enter__(self):
-                self.f = spy.real(path, **kw).__enter__()
-                return self
+    def __getitem__(self, index):
+        out = self.inner[index]
+        self.reads.append((self.name, out.shape[0]))
+        return out
 
-            def __exit__(self, *a):
-                return self.f.__exit__(*a)
 
-            def keys(self):
-                return self.f.keys()
+def spy(reads):
+    """safe_open whose handles only slice (a whole-tensor read fails) and record each slice."""
+    real = retrieval.safe_open
 
-            def get_slice(self, name):
-                inner = self.f.get_slice(name)
+    @contextlib.contextmanager
+    def opened(path, **kw):
+        with real(path, **kw) as f:
+            yield SimpleNamespace(keys=f.keys, get_slice=lambda name: Rows(f.get_slice(name), name, reads))
 
-                class Slice:
-                    def get_shape(self):
-                        return inner.get_shape()
-
-                    def __getitem__(self, index):
-                        out = inner[index]
-                        spy.reads.append((name, out.shape[0]))
-                        return out
-
-                return Slice()
-
-            def get_tensor(self, name):
-                raise AssertionError(f"read {name} whole")
-
-        return Handle()
+    return opened
 
 
 def test_latest_rows_of_several_shards_without_the_tokens(folder, monkeypatch):
@@ -85,7 +75,7 @@ def test_latest_rows_of_several_shards_without_the_tokens(folder, monkeypatch):
     shards = {emb.row(p)["shard"] for p in emb}
     assert len(shards) == 5 and len(list((root / "out").glob("shard-*.safetensors"))) == 6  # one superseded
     reads = []
-    monkeypatch.setattr(retrieval, "safe_open", Spy(retrieval.safe_open, reads))
+    monkeypatch.setattr(retrieval, "safe_open", spy(reads))
     paths, matrix = emb.pooled_matrix()
     assert paths == list(emb) and matrix.shape == (5, 48) and matrix.dtype == np.float32
     assert reads == [("pooled", 1)] * 5  # one row per shard (the one still in use), and no tokens
@@ -101,7 +91,7 @@ def test_reads_in_windows_and_per_frame(folder, monkeypatch):
     paths, matrix = emb.pooled_matrix()
     assert np.array_equal(retrieval.pooled_matrix(emb, window=1)[1], matrix)
     reads = []
-    monkeypatch.setattr(retrieval, "safe_open", Spy(retrieval.safe_open, reads))
+    monkeypatch.setattr(retrieval, "safe_open", spy(reads))
     keys, frames = emb.pooled_matrix(per_frame=True)
     clip = str(media / "clip.mp4")
     assert keys == [k for p in paths for k in ([(p, 0), (p, 1), (p, 2)] if p == clip else [(p, 0)])]
