@@ -49,8 +49,8 @@ def measure(kind: str, root: Path) -> None:
 
     def show(what, got, want):
         rel = (got[0] - want[0]).abs().max().item() / want[0].abs().max().item()
-        print(f"{kind:4s} {what:52s} max|Δlogits|/max|logits| {rel:.2e}  greedy tokens equal {agree(got[1], want[1])}/20",
-              flush=True)
+        same = agree(got[1], want[1])
+        print(f"{kind:4s} {what:52s} max|Δlogits|/max|logits| {rel:.2e}  greedy tokens equal {same}/20", flush=True)
 
     reference = run(models[torch.float32], pixels)
     show("pixels, bfloat16 model (transformers alone)", run(models[torch.bfloat16], pixels), reference)

@@ -54,7 +54,8 @@ def config(kind: str):
     cfg.tie_word_embeddings = text.tie_word_embeddings = False  # tied, random models repeat the last token
     cfg.image_token_id, cfg.video_token_id = v[MM["image_token"]], v[VIDEO]
     cfg.boi_token_id, cfg.eoi_token_id = v[MM["boi_token"]], v[MM["eoi_token"]]
-    cfg.audio_token_id, cfg.boa_token_id, cfg.eoa_token_id = v[MM["audio_token"]], v[MM["boa_token"]], v[MM["eoa_token"]]
+    cfg.audio_token_id, cfg.boa_token_id = v[MM["audio_token"]], v[MM["boa_token"]]
+    cfg.eoa_token_id = v[MM["eoa_token"]]
     return cfg
 
 

@@ -141,5 +141,6 @@ def test_device_dtype_and_clear_errors(client, media):
     emb.mm_encoder_outputs(client.paths, model=str(client.ckpt))  # the same checkpoint, named as it was
     with pytest.raises(ValueError, match="2 <\\|image\\|> but 1 image"):
         emb.mm_encoder_outputs(client.paths[1:]).tokenize(client.processor, TEXT)
-    with pytest.raises(ValueError, match=f"{sum(client.inputs.media[2].frame_tokens)} video placeholders in input_ids, 0 stored"):
+    frames = sum(client.inputs.media[2].frame_tokens)
+    with pytest.raises(ValueError, match=f"{frames} video placeholders in input_ids, 0 stored"):
         emb.mm_encoder_outputs(client.paths[:2]).splice(model, client.batch)

@@ -20,7 +20,8 @@ from .conftest import photo
 
 def encode(media, out, ckpt, *extra):
     args = ["encode", str(media), "-o", str(out), "--model", str(ckpt), "--device", "cpu", "--dtype", "float32",
-            "--workers", "0", "--max-soft-tokens", "70", "--frames", "3", "--out-dtype", "float32", "--shard-size", "1KB", "-q", *extra]
+            "--workers", "0", "--max-soft-tokens", "70", "--frames", "3", "--out-dtype", "float32",
+            "--shard-size", "1KB", "-q", *extra]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
 
