@@ -17,11 +17,10 @@ from pathlib import Path
 from .discover import Item
 from .errors import UsageError
 from .options import Options
-from .shards import MANIFEST, SHARD_RE, append_rows, atomic_write, read_manifest
+from .shards import MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write, read_manifest, temp_name
 
 SETTINGS = "settings.json"
 LOCK = "gemma4enc.lock"
-TEMP_SUFFIX = ".tmp"
 
 
 class Lock:
@@ -101,7 +100,7 @@ def _alive(pid) -> bool:
 def ours(out: Path) -> list[Path]:
     """Everything gemma4enc writes in OUT (and only that: --overwrite removes these)."""
     return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS)
-            or (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))]
+            or TEMP_RE.match(p.name)]
 
 
 def prepare_out(out: Path, options: Options, overwrite: bool = False) -> list[str]:
@@ -111,7 +110,7 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False) -> list[st
     """
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}{TEMP_SUFFIX}"
+        probe = out / temp_name("write-test")
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
@@ -150,7 +149,7 @@ def repair(out: Path) -> list[str]:
                 f.truncate(data.rfind(b"\n") + 1)
                 os.fsync(f.fileno())
             notes.append("dropped a torn last line of the manifest (its file will be encoded again)")
-    temps = [p for p in out.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)]
+    temps = [p for p in out.iterdir() if TEMP_RE.match(p.name)]
     for p in temps:
         p.unlink(missing_ok=True)
     named = {r.get("shard") for r in read_manifest(out).values()}  # shards only older rows name are dead too

@@ -19,8 +19,8 @@ from safetensors import safe_open
 
 from .discover import Item
 from .errors import UsageError
-from .outdir import SETTINGS, TEMP_SUFFIX
-from .shards import MANIFEST, OUT_DTYPES, SHARD_RE, read_manifest
+from .outdir import SETTINGS
+from .shards import MANIFEST, OUT_DTYPES, SHARD_RE, TEMP_RE, read_manifest
 
 CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stays small for 1 GB shards
 OFFSETS = ("item_offsets", "frame_offsets", "item_frames")
@@ -116,7 +116,7 @@ def verify(out: Path) -> dict:
     problems += [f"{name}: named by {len(by_shard[name])} row(s) but missing" for name in missing]
     if orphans:
         warnings.append(f"{len(orphans)} shard(s) no row names (the next encode removes them): {orphans[:5]}")
-    temps = sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))
+    temps = sorted(p.name for p in out.iterdir() if TEMP_RE.match(p.name))
     if temps:
         warnings.append(f"{len(temps)} temp file(s) of an interrupted write: {temps[:5]}")
     settings = _settings(out) or {}

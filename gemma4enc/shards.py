@@ -36,6 +36,14 @@ MANIFEST = "manifest.jsonl"
 # shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
 SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
 OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# our temp files, and only ours (a user's .draft.tmp in OUT is never touched): .gemma4enc-<name>.<pid>.tmp,
+# and the names earlier versions used (.<our file>.<pid>.tmp, .write-test-<pid>.tmp)
+TEMP_RE = re.compile(r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
+                     r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$")
+
+
+def temp_name(name: str) -> str:
+    return f".gemma4enc-{name}.{os.getpid()}.tmp"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -52,7 +60,7 @@ os.umask(_UMASK)
 
 def atomic_write(path: Path, write) -> None:
     """write(tmp_path), then fsync and rename into place: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(temp_name(path.name))
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # safetensors writes 0600; others may need to read the shards
