@@ -104,7 +104,9 @@ def _options(**kw):
     if (kw["workers"] or 0) < 0 or kw["decode_timeout"] < 0 or kw["flush_seconds"] < 0 or (kw["max_failures"] or 0) < 0:
         raise UsageError("--workers, --decode-timeout, --flush-seconds and --max-failures cannot be negative")
     kw["decode_timeout"] = kw["decode_timeout"] or None
-    sampling = Sampling(frames=None if kw["fps"] else kw["frames"], fps=kw.pop("fps"), max_frames=kw.pop("max_frames"))
+    # only the setting that has an effect is recorded: --frames without --fps, --max-frames with it
+    fps, max_frames = kw.pop("fps"), kw.pop("max_frames")
+    sampling = Sampling(frames=None if fps else kw["frames"], fps=fps, max_frames=max_frames if fps else Sampling().max_frames)
     kw.pop("frames")
     kw["shard_bytes"] = parse_size(kw.pop("shard_size"))
     kw["max_image_pixels"] = kw["max_image_pixels"] or None
@@ -185,20 +187,31 @@ def encode(
     task_files: TaskFiles = 64,
     json_out: Json = False,
     quiet: Quiet = False,
+    ctx: typer.Context = None,
 ):
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     from .discover import discover
     from .errors import OutputError
     from .pipeline import TooManyFailures
+    from .preflight import no_effect, remembered
     from .run import encode_files
 
+    given = _given(ctx)
+    recorded = dict(model=model, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
+                    fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled)
+    saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags
+    differ = ", ".join(f"{k} {v}" for k, v in saved.items() if recorded[k] != v)
+    if differ and not quiet:
+        _log(f"as {out / 'settings.json'} records: {differ}")
+    recorded |= saved
+    for note in [] if quiet else no_effect(recorded, given):
+        _log(f"warning: {note}")
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
-        options = _options(model=model, dtype=dtype, device=device, devices=devices, image_tokens=image_tokens,
-                           video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
-                           video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
+        options = _options(**recorded, device=device, devices=devices, video_backend=video_backend,
+                           batching=batching, memory_fraction=memory_fraction,
                            max_batch_patches=max_batch_patches, compile=use_compile, shard_size=shard_size,
-                           out_dtype=out_dtype, max_image_pixels=max_image_pixels, pooled=pooled, workers=workers,
+                           max_image_pixels=max_image_pixels, workers=workers,
                            decode_timeout=decode_timeout, flush_seconds=flush_seconds, hash=content_hash,
                            retry_failed=retry_failed, max_failures=max_failures, engine=engine,
                            ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
@@ -224,6 +237,14 @@ def encode(
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     raise typer.Exit(1 if report["failed"] else 0)
+
+
+def _given(ctx):
+    """name → whether the user gave that parameter (on the command line or by environment)."""
+    if ctx is None:  # called from demo: everything is meant
+        return lambda name: True
+    # by name: typer may carry a click of its own, whose ParameterSource is another enum
+    return lambda name: getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _interrupt(signum, frame):

@@ -66,5 +66,5 @@ class Options:
 
     def fingerprint(self) -> dict:
         """The settings that change what is written: a re-run must match them."""
-        keep = ("model", "image_tokens", "video_tokens", "sampling", "out_dtype")
+        keep = ("model", "dtype", "image_tokens", "video_tokens", "sampling", "out_dtype", "pooled")
         return {k: v for k, v in asdict(self).items() if k in keep}

@@ -103,10 +103,17 @@ def ours(out: Path) -> list[Path]:
             or TEMP_RE.match(p.name)]
 
 
-def prepare_out(out: Path, options: Options, overwrite: bool = False) -> list[str]:
-    """Prove OUT writable, check or write its settings, clear a killed run's leftovers.
+def settings_of(options: Options, extra: dict | None = None) -> dict:
+    """What settings.json records: the fingerprint, plus what the run resolved (the hub revision)."""
+    return json.loads(json.dumps(options.fingerprint() | (extra or {})))
 
-    Call with the lock held. Returns notes for the log (what was cleaned up).
+
+def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dict | None = None) -> list[str]:
+    """Prove OUT writable, check its settings, clear a killed run's leftovers.
+
+    Call with the lock held. The settings are written by write_settings once the model has
+    loaded: a run that fails before leaves none that would refuse the corrected command.
+    Returns notes for the log (what was cleaned up).
     """
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +124,7 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False) -> list[st
         raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
     notes = []
     path = out / SETTINGS
-    mine = json.loads(json.dumps(options.fingerprint()))
+    mine = settings_of(options, extra)
     if overwrite:
         removed = [p for p in ours(out) if p.name != SETTINGS]
         (out / MANIFEST).unlink(missing_ok=True)  # first: without it the shards are orphans, never half-used
@@ -128,14 +135,21 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False) -> list[st
             notes.append(f"--overwrite: removed {len(removed)} earlier output files")
     if path.exists():
         theirs = json.loads(path.read_text())
-        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        # a key an earlier version did not record is not held against the folder
+        changed = sorted(k for k in theirs if mine.get(k) != theirs.get(k))
         if changed:
             detail = ", ".join(f"{k}: {theirs.get(k)!r} → {mine.get(k)!r}" for k in changed)
             raise UsageError(f"{out} was made with other settings ({detail}); use another --out, "
                              "or --overwrite to replace its contents")
-    else:
-        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
     return notes + repair(out)
+
+
+def write_settings(out: Path, options: Options, extra: dict | None = None) -> None:
+    """Record the settings (once: a later run only checks them)."""
+    path = out / SETTINGS
+    if not path.exists():
+        mine = settings_of(options, extra)
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
 
 
 def repair(out: Path) -> list[str]:

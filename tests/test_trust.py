@@ -54,3 +54,61 @@ def test_only_our_temp_files_are_removed(pics, ckpt, tmp_path):
     result = encode([pics, "-o", out, "--model", ckpt, *BASE, "--overwrite"])
     assert result.exit_code == 0 and json.loads(result.stdout)["encoded"] == 3
     assert (out / ".draft.tmp").read_text() == "the user's" and (out / "notes.tmp").read_text() == "the user's too"
+
+
+def test_a_run_that_fails_preflight_leaves_nothing_behind(pics, ckpt, tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    out = tmp_path / "out"
+    typo = encode([pics, "-o", out, "--model", f"{ckpt}-typo", *BASE])
+    assert typo.exit_code == 2 and "no such checkpoint" in typo.output
+    assert not out.exists()  # not even the folder
+    out.mkdir()
+    (out / "mine.txt").write_text("kept")
+    if not torch.cuda.is_available():
+        no_gpu = encode([pics, "-o", out, "--model", ckpt, *BASE, "--device", "cuda"])
+        assert no_gpu.exit_code == 2 and "CUDA" in no_gpu.output
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    hub = subprocess.run([sys.executable, "-m", "gemma4enc", "encode", str(pics), "-o", str(out), "--model",
+                          "someone/no-such-model", "--device", "cpu"], env=env, capture_output=True, text=True)
+    assert hub.returncode == 2 and "not in the Hugging Face cache" in hub.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]  # no settings.json, no lock, no manifest
+    fixed = encode([pics, "-o", out, "--model", ckpt, *BASE])
+    assert fixed.exit_code == 0 and json.loads(fixed.stdout)["encoded"] == 3, fixed.output
+
+
+def test_the_same_model_however_it_is_written(pics, ckpt, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert encode([pics, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    assert json.loads((out / "settings.json").read_text())["model"] == str(Path(ckpt).resolve())
+    link = tmp_path / "link"
+    link.symlink_to(ckpt)
+    monkeypatch.chdir(Path(ckpt).parent)
+    for written in (f"{ckpt}/", Path(ckpt).name, f"./{Path(ckpt).name}/", link, os.path.relpath(link)):
+        again = encode([pics, "-o", out, "--model", written, *BASE])
+        assert again.exit_code == 0, (written, again.output)
+        assert json.loads(again.stdout)["encoded"] == 0, written
+
+
+def test_settings_are_recorded_checked_and_remembered(pics, ckpt, tmp_path):
+    out = tmp_path / "out"
+    first = encode([pics, "-o", out, "--model", ckpt, *BASE, "--no-pooled", "--max-soft-tokens", "70"])
+    assert first.exit_code == 0, first.output
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["dtype"] == "float32" and settings["pooled"] is False and settings["image_tokens"] == 70
+    # a re-run with none of those flags, not even --model: they are read back
+    bare = RUN.invoke(app, ["encode", str(pics), "-o", str(out), "--device", "cpu", "--json"])
+    assert bare.exit_code == 0, bare.output
+    assert json.loads(bare.stdout)["done_before"] == 3 and json.loads(bare.stdout)["encoded"] == 0
+    assert "settings.json records" in bare.stderr and "image_tokens 70" in bare.stderr
+    for flag, name in ((["--pooled"], "pooled"), (["--dtype", "bfloat16"], "dtype"),
+                       (["--out-dtype", "float16"], "out_dtype")):
+        refused = encode([pics, "-o", out, *flag])
+        assert refused.exit_code == 2 and "other settings" in refused.output and name in refused.output, flag
+    # a flag without effect is warned about, neither refused nor recorded
+    idle = RUN.invoke(app, ["encode", str(pics), "-o", str(out), "--device", "cpu", "--max-frames", "5", "--json"])
+    assert idle.exit_code == 0 and "--max-frames has no effect without --fps" in idle.stderr
+    assert json.loads((out / "settings.json").read_text()) == settings
