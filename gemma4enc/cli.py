@@ -40,6 +40,7 @@ Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the enco
 ShardSize = Annotated[str, typer.Option("--shard-size", help="Target shard size, e.g. 1GB, 256MB.")]
 OutDtype = Annotated[str, typer.Option("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")]
 FilesFrom = Annotated[Optional[str], typer.Option("--files-from", help="Read paths to encode from this file, one per line ('-' = stdin).")]
+Null = Annotated[bool, typer.Option("--null", "-0", help="--files-from names end in NUL bytes, as find -print0 writes them (a name may hold a newline).")]
 Include = Annotated[Optional[list[str]], typer.Option("--include", help="Only paths matching this glob (repeatable).")]
 Exclude = Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip paths matching this glob (repeatable).")]
 Hidden = Annotated[bool, typer.Option("--hidden", help="Also walk hidden files and folders.")]
@@ -169,6 +170,7 @@ def encode(
     shard_size: ShardSize = "1GB",
     out_dtype: OutDtype = "bfloat16",
     files_from: FilesFrom = None,
+    null: Null = False,
     include: Include = None,
     exclude: Exclude = None,
     hidden: Hidden = False,
@@ -217,7 +219,7 @@ def encode(
                            ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
+        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null, str(out))
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet), log=None if quiet else _log,
                               overwrite=overwrite)
     except UsageError as e:
@@ -262,6 +264,7 @@ def plan(
     video_tokens: VideoTokens = 70,
     frames: Frames = 32,
     files_from: FilesFrom = None,
+    null: Null = False,
     include: Include = None,
     exclude: Exclude = None,
     hidden: Hidden = False,
@@ -274,7 +277,7 @@ def plan(
     from .report import plan_report
 
     try:
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
+        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null)
         report = plan_report(items, image_tokens, video_tokens, frames, hidden_size, out_dtype)
     except UsageError as e:
         fail(str(e))
@@ -307,11 +310,15 @@ def inspect(out: OutFolder, json_out: Json = False):
 
 
 @app.command()
-def verify(out: OutFolder, json_out: Json = False):
+def verify(out: OutFolder, repair: Annotated[bool, typer.Option("--repair", help="Encode again the files of shards that are missing or fail a check (with the settings OUT records).")] = False,
+           json_out: Json = False):
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
     from .report import verify as check
 
     report = _read(check, out)
+    if repair and report["bad_shards"]:
+        repaired = _repair(out, report["bad_shards"])
+        report = _read(check, out) | {"repaired": repaired}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -323,6 +330,23 @@ def verify(out: OutFolder, json_out: Json = False):
             typer.echo(f"warning: {line}")
         typer.echo("ok" if report["ok"] else f"{len(report['problems'])} problem(s)")
     raise typer.Exit(0 if report["ok"] else 1)
+
+
+def _repair(out: Path, shards: list[str]) -> int:
+    """Supersede the rows into these shards, then encode their files again; returns how many."""
+    import os
+    import subprocess
+
+    from .outdir import LOST, Lock, mark_lost
+    from .shards import read_manifest
+
+    with Lock(out):
+        mark_lost(out, set(shards))
+        paths = [p for p, r in read_manifest(out).items() if r["status"] == LOST]
+    listing = b"".join(os.fsencode(p) + b"\0" for p in paths)
+    subprocess.run([sys.executable, "-m", "gemma4enc", "encode", "--files-from", "-", "-0", "-o", str(out), "-q"],
+                   input=listing, check=False)  # its rows say how each file went; the second verify tells
+    return len(paths)
 
 
 @app.command()
@@ -371,7 +395,7 @@ def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo chec
     encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu", devices=None,
            image_tokens=280, video_tokens=70, frames=8, fps=None, max_frames=32, video_backend="auto",
            batching="auto", memory_fraction=0.7, max_batch_patches=None, shard_size="1GB", out_dtype="float32",
-           files_from=None, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,
+           files_from=None, null=False, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,
            workers=None, decode_timeout=120.0, flush_seconds=60.0, content_hash=False, retry_failed=False, max_failures=None,
            overwrite=False, engine="local", ray_address=None, ray_actors=None, task_files=64, json_out=True,
            quiet=False)

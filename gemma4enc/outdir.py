@@ -21,6 +21,7 @@ from .shards import MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write, read
 
 SETTINGS = "settings.json"
 LOCK = "gemma4enc.lock"
+LOST = "shard_lost"  # a row whose shard went missing or unreadable: always encoded again
 
 
 class Lock:
@@ -166,6 +167,7 @@ def repair(out: Path) -> list[str]:
     temps = [p for p in out.iterdir() if TEMP_RE.match(p.name)]
     for p in temps:
         p.unlink(missing_ok=True)
+    notes += mark_lost(out, broken_shards(out))
     named = {r.get("shard") for r in read_manifest(out).values()}  # shards only older rows name are dead too
     orphans = [p for p in out.iterdir() if SHARD_RE.match(p.name) and p.name not in named]
     for p in orphans:
@@ -173,6 +175,32 @@ def repair(out: Path) -> list[str]:
     if temps or orphans:
         notes.append(f"removed {len(temps)} temp file(s) and {len(orphans)} shard(s) of an interrupted run")
     return notes
+
+
+def broken_shards(out: Path) -> set[str]:
+    """Shards that ok rows name but that are gone or whose header cannot be read (cheap: headers only)."""
+    from safetensors import safe_open
+
+    broken = set()
+    for name in {r["shard"] for r in read_manifest(out).values() if r["status"] == "ok" and r.get("shard")}:
+        try:
+            with safe_open(str(out / name), framework="pt"):
+                pass
+        except Exception:  # noqa: BLE001 - missing, truncated, garbage: all mean its tokens are lost
+            broken.add(name)
+    return broken
+
+
+def mark_lost(out: Path, shards: set[str]) -> list[str]:
+    """Rows into these shards are superseded by LOST rows, before any new shard could take a name."""
+    rows = [r | {"status": LOST, "error": f"its shard {r['shard']} was missing or unreadable; the next run "
+                 "encodes it again", "shard": None, "index": None, "tokens": 0, "frames": 0}
+            for r in read_manifest(out).values() if r["status"] == "ok" and r.get("shard") in shards]
+    append_rows(out, rows)
+    if not rows:
+        return []
+    return [f"{len(shards)} shard(s) missing or unreadable ({', '.join(sorted(shards)[:3])}): "
+            f"their {len(rows)} file(s) are encoded again"]
 
 
 def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
@@ -185,7 +213,8 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
     todo, refreshed = [], []
     for item in items:
         row = rows.get(item.path)
-        if row is None or row.get("size") != item.size or (options.retry_failed and row["status"] != "ok"):
+        if row is None or row.get("size") != item.size or row["status"] == LOST or (
+                options.retry_failed and row["status"] != "ok"):
             todo.append(item)
         elif options.hash and row["status"] == "ok" and not item.error:
             from .workers import sha256

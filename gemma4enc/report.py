@@ -121,15 +121,17 @@ def verify(out: Path) -> dict:
         warnings.append(f"{len(temps)} temp file(s) of an interrupted write: {temps[:5]}")
     settings = _settings(out) or {}
     tokens = 0
+    bad = set(missing)
     for name in sorted(set(by_shard) & on_disk):
         found, n = check_shard(out / name, by_shard[name], settings)
         problems += [f"{name}: {p}" for p in found]
         tokens += n
+        bad |= {name} if found else set()
     return {
         "out": str(out), "ok": not problems, "files": len(rows),
         "encoded": sum(len(v) for v in by_shard.values()), "shards": len(on_disk),
         "tokens_checked": tokens, "missing_shards": missing, "orphan_shards": orphans,
-        "problems": problems, "warnings": warnings,
+        "bad_shards": sorted(bad), "problems": problems, "warnings": warnings,
     }
 
 

@@ -15,6 +15,7 @@ from gemma4enc.cli import app
 
 from .conftest import photo
 from .test_cli import BASE, encode
+from .test_tower import close
 
 RUN = CliRunner()
 
@@ -112,3 +113,59 @@ def test_settings_are_recorded_checked_and_remembered(pics, ckpt, tmp_path):
     idle = RUN.invoke(app, ["encode", str(pics), "-o", str(out), "--device", "cpu", "--max-frames", "5", "--json"])
     assert idle.exit_code == 0 and "--max-frames has no effect without --fps" in idle.stderr
     assert json.loads((out / "settings.json").read_text()) == settings
+
+
+def test_reruns_heal_lost_shards_and_verify_repair(pics, ckpt, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import gemma4enc
+
+    out = tmp_path / "out"
+    assert encode([pics, "-o", out, "--model", ckpt, *BASE, "--shard-size", "1"]).exit_code == 0
+    before = {p: gemma4enc.open(out)[p].clone() for p in gemma4enc.open(out)}
+    shards = sorted(out.glob("shard-*.safetensors"))
+    assert len(shards) == 3
+    shards[0].unlink()
+    shards[1].write_bytes(shards[1].read_bytes()[:200])  # truncated
+    assert RUN.invoke(app, ["verify", str(out)]).exit_code == 1
+    again = encode([pics, "-o", out, "--model", ckpt, *BASE])
+    assert again.exit_code == 0 and json.loads(again.stdout)["encoded"] == 2, again.output
+    report = json.loads(RUN.invoke(app, ["verify", str(out), "--json"]).stdout)
+    assert report["ok"] and not report["warnings"], report  # the truncated shard is gone, no orphan
+    emb = gemma4enc.open(out)
+    assert all(torch.equal(emb[p], t) for p, t in before.items())
+    # what a header cannot show (a bit flipped to NaN) verify finds, and --repair encodes again
+    victim = sorted(out.glob("shard-*.safetensors"))[-1]
+    held = sum(r.get("shard") == victim.name for r in rows_of(out).values())
+    tensors = load_file(victim)
+    tensors["tokens"][0, 0] = float("nan")
+    save_file(tensors, victim, metadata={"format_version": "1", "out_dtype": "float32"})
+    assert RUN.invoke(app, ["verify", str(out)]).exit_code == 1
+    fixed = RUN.invoke(app, ["verify", str(out), "--repair", "--json"])
+    assert fixed.exit_code == 0, fixed.output
+    report = json.loads(fixed.stdout)
+    assert report["ok"] and report["repaired"] == held >= 1 and not report["warnings"]
+    emb = gemma4enc.open(out)
+    assert all(close(emb[p], t, 1e-5) for p, t in before.items())  # another process: other thread count
+
+
+def test_files_from_null_listed_folders_and_out_inside_a_root(pics, ckpt, tmp_path):
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    odd = root / "two\nlines.png"
+    shutil.copy(pics / "p0.png", odd)
+    shutil.copy(pics / "p1.png", root / "sub" / "in-folder.png")
+    listing = tmp_path / "list0"
+    listing.write_bytes(os.fsencode(odd) + b"\0" + os.fsencode(root / "sub") + b"\0")
+    out = tmp_path / "out"
+    result = encode(["--files-from", listing, "-0", "-o", out, "--model", ckpt, *BASE])
+    assert result.exit_code == 0, result.output
+    assert sorted(rows_of(out)) == sorted([str(odd), str(root / "sub" / "in-folder.png")])
+    assert all(r["status"] == "ok" for r in rows_of(out).values())
+    # OUT inside the root it encodes: never walked, however often it runs
+    inner = root / "embeddings"
+    for _ in range(2):
+        result = encode([root, "-o", inner, "--model", ckpt, *BASE])
+        assert result.exit_code == 0 and json.loads(result.stdout)["skipped_not_media"] == 0, result.output
+    assert len(rows_of(inner)) == 2 and not any(p.startswith(str(inner)) for p in rows_of(inner))
