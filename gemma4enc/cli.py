@@ -19,8 +19,26 @@ import typer
 
 from .errors import UsageError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+EXIT_CODES = ("Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error · "
+              "3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted.")
+# plain click help: rich markup would eat the brackets of pip install 'gemma4enc[ray]' and print <bool> on flags
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES,
                   help="Encode folders of images and videos with the Gemma 4 vision tower.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"gemma4enc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
+                                                help="Print the version and exit.")] = False):
+    """Encode folders of images and videos with the Gemma 4 vision tower."""
 
 Roots = Annotated[list[str], typer.Argument(help="Folders or files to encode (walked recursively).")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Output folder for shards and manifest.")]
@@ -149,7 +167,7 @@ class Bar:
             self.bar.stop()
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def encode(
     roots: Roots = None,
     out: Out = Path("embeddings"),

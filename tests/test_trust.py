@@ -169,3 +169,16 @@ def test_files_from_null_listed_folders_and_out_inside_a_root(pics, ckpt, tmp_pa
         result = encode([root, "-o", inner, "--model", ckpt, *BASE])
         assert result.exit_code == 0 and json.loads(result.stdout)["skipped_not_media"] == 0, result.output
     assert len(rows_of(inner)) == 2 and not any(p.startswith(str(inner)) for p in rows_of(inner))
+
+
+def test_help_is_plain_and_complete():
+    encode_help = RUN.invoke(app, ["encode", "-h"], terminal_width=200)
+    assert encode_help.exit_code == 0
+    text = encode_help.output
+    assert "<bool>" not in text and "pip install 'gemma4enc[ray]'" in text
+    assert "--pooled / --no-pooled" in text and "-0, --null" in text
+    assert "Exit codes: 0 all ok" in text and "130 interrupted" in text
+    top = RUN.invoke(app, ["-h"])
+    assert top.exit_code == 0 and "Exit codes" in top.output and "encode" in top.output
+    version = RUN.invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output.strip() == f"gemma4enc {__import__('gemma4enc').__version__}"
