@@ -79,6 +79,7 @@ TaskFiles = Annotated[int, typer.Option("--task-files", help="With --engine ray:
 OutFolder = Annotated[Path, typer.Argument(help="An output folder of gemma4enc encode.")]
 Json = Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or messages on stderr.")]
+LogFile = Annotated[Optional[Path], typer.Option("--log-file", help="Also append every message and progress line, timestamped, to this file.")]
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
@@ -133,9 +134,10 @@ def _options(**kw):
 
 
 class Bar:
-    """Progress on stderr: a rich bar on a terminal, a line every few seconds elsewhere."""
+    """Progress on stderr: a rich bar on a terminal, elsewhere a timestamped line every few seconds
+    with elapsed time and ETA (those lines also go to --log-file)."""
 
-    def __init__(self, total: int, quiet: bool):
+    def __init__(self, total: int, quiet: bool, say=None):
         import time
 
         from rich.console import Console
@@ -143,6 +145,7 @@ class Bar:
 
         self.time, self.start, self.last = time, time.perf_counter(), 0.0
         self.total, self.files, self.patches, self.quiet = total, 0, 0, quiet
+        self.say = say
         console = Console(stderr=True)
         self.bar = None
         if not quiet and console.is_terminal:
@@ -158,9 +161,17 @@ class Bar:
         rate = f"{self.files / elapsed:.1f} items/s {self.patches / elapsed:,.0f} patches/s"
         if self.bar:
             self.bar.update(self.task, advance=files, rate=rate)
-        elif not self.quiet and (elapsed - self.last >= 5 or self.files == self.total):
+        if (self.say or not self.quiet) and (elapsed - self.last >= 5 or self.files == self.total):
+            from .log import duration
+
             self.last = elapsed
-            print(f"gemma4enc: {self.files}/{self.total} files, {rate}", file=sys.stderr, flush=True)
+            eta = duration((self.total - self.files) * elapsed / self.files) if self.files else "?"
+            line = (f"gemma4enc: {self.files:,}/{self.total:,} files ({100 * self.files / max(self.total, 1):.0f}%), "
+                    f"{rate}, elapsed {duration(elapsed)}, ETA {eta}")
+            if self.say:
+                self.say(line, stamp=True, screen=self.bar is None)  # the bar shows it on a terminal
+            elif not self.bar:
+                print(line, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar:
@@ -207,6 +218,7 @@ def encode(
     task_files: TaskFiles = 64,
     json_out: Json = False,
     quiet: Quiet = False,
+    log_file: LogFile = None,
     ctx: typer.Context = None,
 ):
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
@@ -216,16 +228,25 @@ def encode(
     from .preflight import no_effect, remembered
     from .run import encode_files
 
+    import time
+
+    from .log import Sink, summary_line
+
+    start = time.perf_counter()
     given = _given(ctx)
+    try:
+        say = Sink(quiet, log_file)
+    except OSError as e:
+        fail(f"--log-file {log_file}: {e.strerror or e}")
     recorded = dict(model=model, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
                     fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled)
     saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags
     differ = ", ".join(f"{k} {v}" for k, v in saved.items() if recorded[k] != v)
-    if differ and not quiet:
-        _log(f"as {out / 'settings.json'} records: {differ}")
+    if differ:
+        say(f"gemma4enc: as {out / 'settings.json'} records: {differ}")
     recorded |= saved
-    for note in [] if quiet else no_effect(recorded, given):
-        _log(f"warning: {note}")
+    for note in no_effect(recorded, given):
+        say(f"gemma4enc: warning: {note}")
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
         options = _options(**recorded, device=device, devices=devices, video_backend=video_backend,
@@ -238,21 +259,25 @@ def encode(
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null, str(out))
-        report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet), log=None if quiet else _log,
-                              overwrite=overwrite)
+        report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet, say),
+                              log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite)
+        shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
+        say(f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}", stamp=True)
     except UsageError as e:
-        fail(str(e))
+        say(f"gemma4enc: error: {e}", error=True)
+        raise typer.Exit(2)
     except TooManyFailures as e:
-        typer.echo(f"gemma4enc: aborted: {e}; finished files are saved (see {out / 'manifest.jsonl'})", err=True)
+        say(f"gemma4enc: aborted: {e}; finished files are saved (see {out / 'manifest.jsonl'})", error=True)
         raise typer.Exit(3)
     except OutputError as e:
-        typer.echo(f"gemma4enc: error: {e}", err=True)
+        say(f"gemma4enc: error: {e}", error=True)
         raise typer.Exit(4)
     except KeyboardInterrupt:
-        typer.echo("gemma4enc: interrupted; finished files are saved, re-run to resume", err=True)
+        say("gemma4enc: interrupted; finished files are saved, re-run to resume", error=True)
         raise typer.Exit(130)
     finally:
         signal.signal(signal.SIGTERM, previous)  # the work is saved; a late SIGTERM just ends us
+        say.close()
     report["skipped_not_media"] = skipped
     if json_out:
         typer.echo(json.dumps(report, indent=2))
@@ -261,18 +286,14 @@ def encode(
 
 def _given(ctx):
     """name → whether the user gave that parameter (on the command line or by environment)."""
-    if ctx is None:  # called from demo: everything is meant
-        return lambda name: True
+    if ctx is None:  # called from demo: the user gave nothing
+        return lambda name: False
     # by name: typer may carry a click of its own, whose ParameterSource is another enum
     return lambda name: getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
-
-
-def _log(message: str) -> None:
-    typer.echo(f"gemma4enc: {message}", err=True)
 
 
 @app.command()
@@ -303,8 +324,9 @@ def plan(
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
-        for key, value in report.items():
-            typer.echo(f"{key}: {value}")
+        from .log import report_lines
+
+        typer.echo("\n".join(report_lines(report)))
 
 
 def _read(report_of, out: Path) -> dict:
@@ -323,8 +345,9 @@ def inspect(out: OutFolder, json_out: Json = False):
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
-        for key, value in report.items():
-            typer.echo(f"{key}: {value}")
+        from .log import report_lines
+
+        typer.echo("\n".join(report_lines(report)))
 
 
 @app.command()

@@ -90,6 +90,17 @@ def describe(holder: dict) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
 
 
+def running(out: Path) -> str | None:
+    """The run holding OUT's lock, described, or None (the lock file of a killed run does not count)."""
+    try:
+        holder = json.loads((Path(out) / LOCK).read_text() or "{}")
+    except (OSError, ValueError):
+        return None
+    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+        return None
+    return describe(holder)
+
+
 def _alive(pid) -> bool:
     try:
         os.kill(int(pid), 0)

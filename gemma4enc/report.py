@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from .discover import Item
 from .errors import UsageError
-from .outdir import SETTINGS
+from .outdir import SETTINGS, running
 from .shards import MANIFEST, OUT_DTYPES, SHARD_RE, TEMP_RE, read_manifest
 
 CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stays small for 1 GB shards
@@ -85,7 +85,7 @@ def inspect_report(out: Path) -> dict:
     on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
     failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in rows.values() if r["status"] != "ok"]
     return {
-        "out": str(out), "files": len(rows), "by_status": dict(status),
+        "out": str(out), "running": running(out), "files": len(rows), "by_status": dict(status),
         "by_kind": dict(Counter(r["kind"] for r in rows.values())),
         "tokens": sum(r.get("tokens") or 0 for r in rows.values()), "shards": len(on_disk),
         "missing_shards": sorted(named - on_disk), "orphan_shards": sorted(on_disk - named),

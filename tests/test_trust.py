@@ -182,3 +182,46 @@ def test_help_is_plain_and_complete():
     assert top.exit_code == 0 and "Exit codes" in top.output and "encode" in top.output
     version = RUN.invoke(app, ["--version"])
     assert version.exit_code == 0 and version.output.strip() == f"gemma4enc {__import__('gemma4enc').__version__}"
+
+
+def test_a_log_a_person_can_read(pics, ckpt, tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    media = tmp_path / "media"
+    shutil.copytree(pics, media)
+    (media / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 100)
+    out, log = tmp_path / "out", tmp_path / "run.log"
+    result = encode([media, "-o", out, "--model", ckpt, *BASE[:-1], "--log-file", log])
+    assert result.exit_code == 1
+    stamp = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d gemma4enc: "
+    progress = [line for line in result.stderr.splitlines() if "files (" in line]
+    assert progress and all(re.match(stamp, line) and "elapsed" in line and "ETA" in line for line in progress)
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.match(stamp + r"3 ok, 1 failed \(decode_error 1\); OUT holds 1 shard\(s\), [\d.,]+ KB; \d+ s$", last), last
+    logged = log.read_text().splitlines()
+    assert all(re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line) for line in logged)
+    assert any("1 file(s) failed" in line for line in logged) and logged[-1].endswith(last.split(" ", 2)[2])
+    # -q: nothing on stderr, the log file still gets it all
+    quiet = encode([media, "-o", out, "--model", ckpt, *BASE, "--log-file", log])
+    assert quiet.exit_code == 0 and quiet.stderr == "" and "0 ok, 0 failed, 4 done before" in log.read_text()
+    # inspect: aligned lines, no Python reprs; a run in progress is named
+    shown = RUN.invoke(app, ["inspect", str(out)]).output.splitlines()
+    assert not any("{" in line or "[" in line for line in shown)
+    assert len({line.index(line.split()[-1]) for line in shown if line.startswith(("files ", "tokens ", "shards "))}) == 1
+    status = next(line for line in shown if line.startswith("by status "))
+    assert sorted(status.split(None, 2)[2].split(", ")) == ["decode_error 1", "ok 3"]
+    hold = ("import sys, time; from pathlib import Path; from gemma4enc.outdir import Lock; "
+            "Lock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        busy = RUN.invoke(app, ["inspect", str(out)]).output
+        assert re.search(rf"^running +pid {holder.pid} on ", busy, re.M), busy
+    finally:
+        holder.kill()
+        holder.wait()
+    assert re.search(r"^running +–$", RUN.invoke(app, ["inspect", str(out)]).output, re.M)  # killed: not running
+    plan = RUN.invoke(app, ["plan", str(media)]).output.splitlines()
+    assert any(re.match(r"^by kind +image 4$", line) for line in plan) and not any("{" in line for line in plan)
