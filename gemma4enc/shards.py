@@ -267,10 +267,15 @@ class Embeddings:
             raise KeyError(f"{path}: not in {self.out / MANIFEST}")
         return self.rows[key]
 
-    def __getitem__(self, path) -> torch.Tensor:
+    def ok_row(self, path) -> dict:
+        """The row of a file that has tokens; KeyError saying why for one that has none."""
         row = self.row(path)
         if row["status"] != "ok":
             raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
+        return row
+
+    def __getitem__(self, path) -> torch.Tensor:
+        row = self.ok_row(path)
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
             lo, hi = f.get_slice("item_offsets")[row["index"]: row["index"] + 2].tolist()
             return f.get_slice("tokens")[lo:hi]
@@ -285,8 +290,10 @@ class Embeddings:
         return list(torch.split(tokens, (offsets[1:] - offsets[:-1]).tolist()))
 
     def pooled(self, path) -> torch.Tensor:
-        row = self.row(path)
+        row = self.ok_row(path)
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            if "pooled" not in f.keys():
+                raise KeyError(f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)")
             return f.get_slice("pooled")[row["index"]: row["index"] + 1][0]
 
     def mm_encoder_outputs(self, paths, device=None, dtype=None, model=None):

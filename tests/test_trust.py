@@ -225,3 +225,50 @@ def test_a_log_a_person_can_read(pics, ckpt, tmp_path):
     assert re.search(r"^running +–$", RUN.invoke(app, ["inspect", str(out)]).output, re.M)  # killed: not running
     plan = RUN.invoke(app, ["plan", str(media)]).output.splitlines()
     assert any(re.match(r"^by kind +image 4$", line) for line in plan) and not any("{" in line for line in plan)
+
+
+def test_reader_failed_files_and_numpy_without_torch(pics, ckpt, tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+    import torch
+
+    import gemma4enc
+
+    media = tmp_path / "media"
+    shutil.copytree(pics, media)
+    (media / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 100)
+    from gemma4enc.demo import write_video
+
+    write_video(media / "clip.mp4", frames=8)
+    out = tmp_path / "out"
+    args = [media, "-o", out, "--model", ckpt, "--device", "cpu", "--dtype", "float32", "--frames", "3", "-q"]
+    assert encode(args).exit_code == 1  # bfloat16 output, the default
+    emb = gemma4enc.open(out)
+    broken = str(media / "broken.jpg")
+    for read in (emb.__getitem__, emb.pooled, emb.frames):
+        with pytest.raises(KeyError, match="status decode_error"):
+            read(broken)
+    flat = gemma4enc.open(out, framework="numpy")
+    assert len(flat) == len(emb) == 4
+    for path in emb:
+        want = emb[path]
+        assert want.dtype == torch.bfloat16
+        got = flat[path]
+        assert got.dtype == np.float32 and np.array_equal(got, want.float().numpy())
+        assert np.array_equal(flat.pooled(path), emb.pooled(path).float().numpy())
+        assert [f.shape[0] for f in flat.frames(path)] == emb.row(path)["frame_tokens"]
+    with pytest.raises(KeyError, match="status decode_error"):
+        flat.pooled(broken)
+    # in a process where torch cannot be imported at all
+    code = ("import sys; sys.modules['torch'] = None; import gemma4enc; "
+            f"emb = gemma4enc.open({str(out)!r}, framework='numpy'); "
+            f"print(float(abs(emb[{str(media / 'p0.png')!r}]).sum()))")
+    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert alone.returncode == 0, alone.stderr
+    assert float(alone.stdout) == pytest.approx(float(emb[str(media / "p0.png")].float().abs().sum()), rel=1e-6)
+    no_pool = tmp_path / "nopool"
+    assert encode([pics, "-o", no_pool, "--model", ckpt, *BASE, "--no-pooled"]).exit_code == 0
+    with pytest.raises(KeyError, match="--no-pooled"):
+        gemma4enc.open(no_pool).pooled(str(pics / "p0.png"))
