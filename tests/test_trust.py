@@ -272,3 +272,21 @@ def test_reader_failed_files_and_numpy_without_torch(pics, ckpt, tmp_path):
     assert encode([pics, "-o", no_pool, "--model", ckpt, *BASE, "--no-pooled"]).exit_code == 0
     with pytest.raises(KeyError, match="--no-pooled"):
         gemma4enc.open(no_pool).pooled(str(pics / "p0.png"))
+
+
+def test_offline_without_hf_hub_offline_fails_fast(pics, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env |= {"HF_ENDPOINT": "http://nonexistent.invalid", "HF_HOME": str(tmp_path / "hf")}
+    out = tmp_path / "out"
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "gemma4enc", "encode", str(pics), "-o", str(out), "--model",
+                             "someone/some-model", "--device", "cpu"], env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - start  # huggingface_hub's retries alone take ~23 s; a bare start ~5 s here
+    assert result.returncode == 2, result.stderr
+    assert "HF_HUB_OFFLINE=1" in result.stderr and "nonexistent.invalid" in result.stderr
+    assert "Retrying" not in result.stderr and seconds < 20, seconds
+    assert not out.exists()
