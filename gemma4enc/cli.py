@@ -302,22 +302,38 @@ def plan(
     image_tokens: ImageTokens = 280,
     video_tokens: VideoTokens = 70,
     frames: Frames = 32,
+    fps: Fps = None,
+    max_frames: MaxFrames = 32,
     files_from: FilesFrom = None,
     null: Null = False,
     include: Include = None,
     exclude: Exclude = None,
     hidden: Hidden = False,
+    model: Annotated[Optional[str], typer.Option(help="Read the stored width from this checkpoint (folder or hub id in the HF cache) instead of --hidden-size.")] = None,
     hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
     out_dtype: OutDtype = "bfloat16",
     json_out: Json = False,
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
+    import os
+
+    from .decode import Sampling
     from .discover import discover
     from .report import plan_report
 
+    for root in roots or []:
+        if not os.path.exists(root):
+            typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
     try:
+        if frames < 1 or max_frames < 1 or (fps is not None and fps <= 0):
+            raise UsageError("--frames, --max-frames and --fps must be positive")
+        if model:
+            from .model import find_checkpoint
+
+            hidden_size = find_checkpoint(model).config.text_config.hidden_size  # what embed_vision projects to
+        sampling = Sampling(frames=None if fps else frames, fps=fps, max_frames=max_frames)
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null)
-        report = plan_report(items, image_tokens, video_tokens, frames, hidden_size, out_dtype)
+        report = plan_report(items, image_tokens, video_tokens, sampling, hidden_size, out_dtype)
     except UsageError as e:
         fail(str(e))
     report["skipped_not_media"] = skipped

@@ -26,9 +26,9 @@ CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stay
 OFFSETS = ("item_offsets", "frame_offsets", "item_frames")
 
 
-def plan_report(items: list[Item], image_tokens: int, video_tokens: int, frames: int, hidden: int,
+def plan_report(items: list[Item], image_tokens: int, video_tokens: int, sampling, hidden: int,
                 out_dtype: str) -> dict:
-    """Dry run from headers only: no pixels decoded, no model loaded."""
+    """Dry run from headers only: no pixels decoded, no model loaded. `sampling`: a decode.Sampling."""
     from PIL import Image
 
     from .patches import POOL, target_size
@@ -47,7 +47,7 @@ def plan_report(items: list[Item], image_tokens: int, video_tokens: int, frames:
 
                 with av.open(item.path) as c:
                     s = c.streams.video[0]
-                    size, count = (s.width, s.height), min(frames, s.frames or frames)
+                    size, count = (s.width, s.height), _frame_count(sampling, s, c)
                 budget = video_tokens
             else:
                 continue
@@ -75,6 +75,14 @@ def _output_folder(out: Path) -> Path:
 
 def _settings(out: Path) -> dict | None:
     return json.loads((out / SETTINGS).read_text()) if (out / SETTINGS).exists() else None
+
+
+def _frame_count(sampling, stream, container) -> int:
+    """Frames encode will take, from the header: --frames of the stream's, or --fps over its duration."""
+    if sampling.fps is None:
+        return min(sampling.frames, stream.frames or sampling.frames)
+    seconds = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
+    return max(1, min(sampling.max_frames, int(seconds * sampling.fps) + 1))
 
 
 def inspect_report(out: Path) -> dict:

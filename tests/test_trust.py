@@ -290,3 +290,25 @@ def test_offline_without_hf_hub_offline_fails_fast(pics, tmp_path):
     assert "HF_HUB_OFFLINE=1" in result.stderr and "nonexistent.invalid" in result.stderr
     assert "Retrying" not in result.stderr and seconds < 20, seconds
     assert not out.exists()
+
+
+def test_plan_reads_the_width_takes_the_sampling_flags_and_warns(pics, ckpt, tmp_path):
+    from gemma4enc.demo import write_video
+    from gemma4enc.model import find_checkpoint
+
+    media = tmp_path / "media"
+    shutil.copytree(pics, media)
+    write_video(media / "clip.mp4", frames=60, fps=30)  # 2 s
+    sampling = ["--fps", "4", "--max-frames", "6"]
+    plan = RUN.invoke(app, ["plan", str(media), "--model", str(ckpt), *sampling, "--json"])
+    assert plan.exit_code == 0, plan.output
+    report = json.loads(plan.stdout)
+    out = tmp_path / "out"
+    encoded = encode([media, "-o", out, "--model", ckpt, *BASE[:-4], *sampling, "--json", "-q"])
+    assert encoded.exit_code == 0, encoded.output
+    summary = json.loads(encoded.stdout)
+    assert report["tower_items"] == summary["frames"] == 3 + 6 and report["tokens"] == summary["tokens"]
+    width = find_checkpoint(str(ckpt)).config.text_config.hidden_size
+    assert width != 1536 and report["output_bytes"] == report["tokens"] * width * 2  # bfloat16
+    missing = RUN.invoke(app, ["plan", str(media), str(tmp_path / "typo")])
+    assert missing.exit_code == 0 and f"warning: {tmp_path / 'typo'}: no such file or folder" in missing.stderr
