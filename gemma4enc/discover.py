@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
@@ -22,6 +22,8 @@ class Item:
     size: int  # bytes
     mtime_ns: int
     error: str | None = None  # set when the file could not even be looked at (broken link, no access)
+    root: str | None = None  # the root folder it was found under (absolute), when found by walking
+    rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
 
 
 def sniff(head: bytes) -> str | None:
@@ -132,7 +134,7 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     unlisted: list[tuple[str, str]] = []
     for root in [*roots, *listed]:
         if os.path.isdir(root):
-            walked += [(p, os.path.relpath(p, root)) for p in walk(root, hidden, unlisted, skip=out)]
+            walked += [(p, os.path.relpath(p, root), root) for p in walk(root, hidden, unlisted, skip=out)]
         else:
             named.append(root)
     items: dict[str, Item] = {}
@@ -140,11 +142,13 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
         path = os.path.abspath(path)
         items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}")
     skipped = 0
-    candidates = [(p, p, True) for p in named] + [(p, rel, False) for p, rel in walked]
-    for path, rel, explicit in candidates:
+    candidates = [(p, p, True, None) for p in named] + [(p, rel, False, root) for p, rel, root in walked]
+    for path, rel, explicit, root in candidates:
         if not _matches(rel, list(include), list(exclude)):
             continue
         item = look(os.path.abspath(path))
+        if root is not None:
+            item = replace(item, root=os.path.abspath(root), rel=rel)
         if item.kind == "unknown" and not explicit:
             skipped += 1
             continue

@@ -219,12 +219,20 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
 
     Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
     only touched (same sha256) keeps its tokens and gets a refreshed row instead of a re-encode.
+    A file with no row under its path but an ok row with its path relative to its root, size and
+    mtime (--hash: content) is the same file under a moved or remounted root: that row is adopted.
     """
     rows = read_manifest(out)
+    by_rel: dict[tuple, list[dict]] = {}
+    for r in rows.values():
+        if r["status"] == "ok" and r.get("rel"):
+            by_rel.setdefault((r["rel"], r["size"]), []).append(r)
     todo, refreshed = [], []
     for item in items:
         row = rows.get(item.path)
-        if row is None or row.get("size") != item.size or row["status"] == LOST or (
+        if row is None and (adopted := _adopt(item, by_rel.get((item.rel, item.size), []), options)):
+            refreshed.append(adopted)
+        elif row is None or row.get("size") != item.size or row["status"] == LOST or (
                 options.retry_failed and row["status"] != "ok"):
             todo.append(item)
         elif options.hash and row["status"] == "ok" and not item.error:
@@ -235,7 +243,9 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
             except OSError:
                 todo.append(item)  # let decode say why it cannot be read
                 continue
-            if digest != row.get("sha256"):
+            if row.get("sha256") is None and row.get("mtime_ns") == item.mtime_ns:
+                refreshed.append(row | {"sha256": digest})  # --hash turned on: hash what is there, keep it
+            elif digest != row.get("sha256"):
                 todo.append(item)
             elif row.get("mtime_ns") != item.mtime_ns:
                 refreshed.append(row | {"mtime_ns": item.mtime_ns})
@@ -243,3 +253,23 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
             todo.append(item)
     append_rows(out, refreshed)
     return todo
+
+
+def _adopt(item: Item, rows: list[dict], options: Options) -> dict | None:
+    """The row of `item` under its old root, moved to its new path; None if none is the same file."""
+    if item.error or not rows:
+        return None
+    digest = None
+    if options.hash:
+        from .workers import sha256
+
+        try:
+            digest = sha256(item.path)
+        except OSError:
+            return None
+    for row in rows:
+        same = row.get("sha256") == digest if digest and row.get("sha256") else row.get("mtime_ns") == item.mtime_ns
+        if same:
+            moved = {"path": item.path, "root": item.root, "rel": item.rel, "mtime_ns": item.mtime_ns}
+            return row | moved | ({"sha256": digest} if digest else {})
+    return None

@@ -312,3 +312,35 @@ def test_plan_reads_the_width_takes_the_sampling_flags_and_warns(pics, ckpt, tmp
     assert width != 1536 and report["output_bytes"] == report["tokens"] * width * 2  # bfloat16
     missing = RUN.invoke(app, ["plan", str(media), str(tmp_path / "typo")])
     assert missing.exit_code == 0 and f"warning: {tmp_path / 'typo'}: no such file or folder" in missing.stderr
+
+
+def test_a_moved_folder_is_not_encoded_again(pics, ckpt, tmp_path):
+    import torch
+
+    import gemma4enc
+
+    old = tmp_path / "disk1" / "media"
+    shutil.copytree(pics, old / "sub")
+    out = tmp_path / "out"
+    assert encode([old, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    before = {os.path.relpath(p, old): gemma4enc.open(out)[p].clone() for p in gemma4enc.open(out)}
+    assert {r["rel"] for r in rows_of(out).values()} == set(before)
+    new = tmp_path / "disk2" / "elsewhere"
+    new.parent.mkdir()
+    shutil.move(old, new)  # a rename keeps the mtimes, as a remount does
+    again = encode([new, "-o", out, "--model", ckpt, *BASE])
+    assert again.exit_code == 0 and json.loads(again.stdout)["encoded"] == 0, again.output
+    emb = gemma4enc.open(out)
+    for rel, tokens in before.items():
+        row = emb.row(new / rel)
+        assert row["root"] == str(new) and row["rel"] == rel and torch.equal(emb[new / rel], tokens)
+    # turning on --hash hashes what is there and keeps it
+    hashed = encode([new, "-o", out, "--model", ckpt, *BASE, "--hash"])
+    assert hashed.exit_code == 0 and json.loads(hashed.stdout)["encoded"] == 0
+    assert all(emb_row.get("sha256") for p, emb_row in rows_of(out).items() if p.startswith(str(new)))
+    # copied elsewhere (new mtimes): with --hash the content decides, and it is the same
+    copy = tmp_path / "copy"
+    shutil.copytree(new, copy, copy_function=shutil.copyfile)
+    by_content = encode([copy, "-o", out, "--model", ckpt, *BASE, "--hash"])
+    assert by_content.exit_code == 0 and json.loads(by_content.stdout)["encoded"] == 0
+    assert torch.equal(gemma4enc.open(out)[copy / "sub" / "p0.png"], before[os.path.join("sub", "p0.png")])
