@@ -48,7 +48,38 @@ class Shard:
         return data.astype(np.float32) if info["dtype"] == "F16" else data
 
 
-class NumpyEmbeddings:
+class Rows:
+    """The lookups both readers share, over `self.rows` (path → latest row) read from `self.out`."""
+
+    out: Path
+    rows: dict[str, dict]
+
+    def __len__(self) -> int:
+        return sum(1 for r in self.rows.values() if r["status"] == "ok")
+
+    def __iter__(self):
+        return (p for p, r in self.rows.items() if r["status"] == "ok")
+
+    def __contains__(self, path) -> bool:
+        row = self.rows.get(os.path.abspath(path))
+        return bool(row and row["status"] == "ok")
+
+    def row(self, path) -> dict:
+        """The manifest row of `path` (any status); KeyError for a path not in it."""
+        key = os.path.abspath(path)
+        if key not in self.rows:
+            raise KeyError(f"{path}: not in {self.out / MANIFEST}")
+        return self.rows[key]
+
+    def ok_row(self, path) -> dict:
+        """The row of a file that has tokens; KeyError saying why for one that has none."""
+        row = self.row(path)
+        if row["status"] != "ok":
+            raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
+        return row
+
+
+class NumpyEmbeddings(Rows):
     """As shards.Embeddings (`emb[path]`, `frames`, `pooled`, `row`), with numpy float32 arrays."""
 
     def __init__(self, out: str | os.PathLike):
@@ -64,26 +95,8 @@ class NumpyEmbeddings:
                     continue  # a torn last line from a killed run
                 self.rows[row["path"]] = row
 
-    def __len__(self) -> int:
-        return sum(1 for r in self.rows.values() if r["status"] == "ok")
-
-    def __iter__(self):
-        return (p for p, r in self.rows.items() if r["status"] == "ok")
-
-    def __contains__(self, path) -> bool:
-        row = self.rows.get(os.path.abspath(path))
-        return bool(row and row["status"] == "ok")
-
-    def row(self, path) -> dict:
-        key = os.path.abspath(path)
-        if key not in self.rows:
-            raise KeyError(f"{path}: not in {self.out / MANIFEST}")
-        return self.rows[key]
-
     def _shard(self, path) -> tuple[dict, Shard]:
-        row = self.row(path)
-        if row["status"] != "ok":
-            raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
+        row = self.ok_row(path)
         return row, Shard(self.out / row["shard"])
 
     def __getitem__(self, path) -> np.ndarray:

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from ._version import __version__
 from .errors import OutputError
+from .npreader import Rows
 
 if TYPE_CHECKING:
     from .options import Options
@@ -239,7 +240,7 @@ def read_manifest(out: Path) -> dict[str, dict]:
     return rows
 
 
-class Embeddings:
+class Embeddings(Rows):
     """Read an output folder: `emb[path]` → (tokens, D) tensor, `emb.frames(path)` → per frame.
 
     Only the manifest is read up front; each lookup opens one shard and slices its rows.
@@ -250,29 +251,6 @@ class Embeddings:
         if not (self.out / MANIFEST).exists():
             raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
         self.rows = read_manifest(self.out)
-
-    def __len__(self) -> int:
-        return sum(1 for r in self.rows.values() if r["status"] == "ok")
-
-    def __iter__(self):
-        return (p for p, r in self.rows.items() if r["status"] == "ok")
-
-    def __contains__(self, path) -> bool:
-        row = self.rows.get(os.path.abspath(path))
-        return bool(row and row["status"] == "ok")
-
-    def row(self, path) -> dict:
-        key = os.path.abspath(path)
-        if key not in self.rows:
-            raise KeyError(f"{path}: not in {self.out / MANIFEST}")
-        return self.rows[key]
-
-    def ok_row(self, path) -> dict:
-        """The row of a file that has tokens; KeyError saying why for one that has none."""
-        row = self.row(path)
-        if row["status"] != "ok":
-            raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
-        return row
 
     def __getitem__(self, path) -> torch.Tensor:
         row = self.ok_row(path)
