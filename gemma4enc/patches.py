@@ -58,13 +58,29 @@ def target_size(height: int, width: int, max_soft_tokens: int) -> tuple[int, int
     return h, w
 
 
-def patchify(image: Image.Image | np.ndarray, max_soft_tokens: int) -> Patches:
+@dataclass(frozen=True)
+class Fitted:
+    """An image the decoder already brought to the target size of a larger original (--resize fast).
+
+    The target depends on the original's size, not on the fitted image's (the rule is not
+    idempotent), so the original's upright size travels with it.
+    """
+
+    image: Image.Image  # RGB, upright
+    height: int  # of the original, upright
+    width: int
+
+
+def patchify(image: Image.Image | np.ndarray | Fitted, max_soft_tokens: int) -> Patches:
     """Resize (bicubic, up or down, as the processor does) and cut into 16×16 patches."""
     if isinstance(image, np.ndarray):
         image = Image.fromarray(image)  # (H, W, 3) uint8 frames from the video decoders
+    size = (image.height, image.width)
+    if isinstance(image, Fitted):
+        image = image.image
     if image.mode != "RGB":
         raise ValueError(f"patchify needs an RGB image, got mode {image.mode}")
-    h, w = target_size(image.height, image.width, max_soft_tokens)
+    h, w = target_size(*size, max_soft_tokens)
     if (h, w) != (image.height, image.width):
         image = image.resize((w, h), resample=Image.Resampling.BICUBIC)
     array = np.asarray(image, dtype=np.uint8)  # (h, w, 3)
