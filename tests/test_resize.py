@@ -121,3 +121,29 @@ def test_the_mode_is_recorded_and_a_change_is_refused(big_photos, ckpt, tmp_path
     with safe_open(str(next(out.glob("shard-*"))), framework="pt") as f:
         assert f.metadata()["resize"] == "exact"
     assert encode([*args, "--resize", "sideways"]).exit_code == 2
+
+
+def test_decode_benchmark_measures_a_folder(tmp_path):
+    """benchmarks/decode.py DIR end to end on tiny files: every method of every kind, side by side."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gemma4enc.demo import write_video
+
+    folder = tmp_path / "mine"
+    save_photo(camera_photo(640, 480, seed=1), folder / "a.jpg", orientation=6)
+    save_photo(camera_photo(300, 200, seed=2), folder / "b.png")
+    write_video(folder / "c.mp4", frames=12)
+    script = Path(__file__).parents[1] / "benchmarks" / "decode.py"
+    out = tmp_path / "report.json"
+    run = subprocess.run([sys.executable, str(script), str(folder), "--rounds", "1", "--min-files", "1",
+                          "--frames", "4", "--tower-rate", "100", "--json", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    kinds = json.loads(out.read_text())["kinds"]
+    assert set(kinds) == {"image-jpg", "image-png", "video-mp4"}
+    jpg = kinds["image-jpg"]
+    assert set(jpg["methods"]) == {"fast", "exact", "transformers"} and jpg["psnr_db"]["worst"] >= FLOOR_DB
+    fast = jpg["methods"]["fast"]
+    assert fast["cores_to_feed"] == pytest.approx(100 / fast["per_core"]) and fast["peak_rss_mb"] > 10
+    assert {"auto", "pyav"} <= set(kinds["video-mp4"]["methods"]) and "fast vs exact" in run.stderr
