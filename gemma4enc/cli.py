@@ -50,6 +50,7 @@ VideoTokens = Annotated[int, typer.Option("--video-soft-tokens", help="Soft toke
 Frames = Annotated[int, typer.Option("--frames", help="Frames sampled uniformly per video (ignored with --fps).")]
 Fps = Annotated[Optional[float], typer.Option("--fps", help="Sample this many frames per second instead.")]
 MaxFrames = Annotated[int, typer.Option("--max-frames", help="Cap on frames per video with --fps.")]
+Resize = Annotated[str, typer.Option("--resize", help="Images: fast (decode at the smallest scale that holds the target size, then the processor's bicubic; same patch grid, ≥ 45 dB PSNR of exact) or exact (the pixels of transformers' Gemma4ImageProcessorPil).")]
 Backend = Annotated[str, typer.Option("--video-backend", help="auto (decord where frame-accurate, else PyAV), decord or pyav.")]
 Batching = Annotated[str, typer.Option(help="auto, serial (one item per call), bucket (same patch count) or pack (any size).")]
 MemFraction = Annotated[float, typer.Option("--memory-fraction", help="Share of free accelerator memory a batch may use.")]
@@ -105,6 +106,8 @@ def _options(**kw):
     for flag, value in (("--max-soft-tokens", kw["image_tokens"]), ("--video-soft-tokens", kw["video_tokens"])):
         if value not in SOFT_TOKEN_BUDGETS:
             raise UsageError(f"{flag} {value}: use one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}")
+    if kw["resize"] not in ("fast", "exact"):
+        raise UsageError(f"--resize {kw['resize']!r}: use fast or exact")
     if kw["video_backend"] not in ("auto", "decord", "pyav"):
         raise UsageError(f"--video-backend {kw['video_backend']!r}: use auto, decord or pyav")
     if kw["out_dtype"] not in ("bfloat16", "float16", "float32"):
@@ -188,6 +191,7 @@ def encode(
     devices: Devices = None,
     image_tokens: ImageTokens = 280,
     video_tokens: VideoTokens = 70,
+    resize: Resize = "fast",
     frames: Frames = 32,
     fps: Fps = None,
     max_frames: MaxFrames = 32,
@@ -239,7 +243,7 @@ def encode(
     except OSError as e:
         fail(f"--log-file {log_file}: {e.strerror or e}")
     recorded = dict(model=model, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
-                    fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled)
+                    fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize)
     saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags
     differ = ", ".join(f"{k} {v}" for k, v in saved.items() if recorded[k] != v)
     if differ:

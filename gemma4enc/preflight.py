@@ -17,7 +17,7 @@ from .options import Options
 from .outdir import SETTINGS
 
 # settings.json key → the encode parameter it stands for (sampling: frames, fps and max_frames, each on its own)
-FLAGS = ("model", "dtype", "image_tokens", "video_tokens", "out_dtype", "pooled")
+FLAGS = ("model", "dtype", "image_tokens", "video_tokens", "resize", "out_dtype", "pooled")
 
 
 def preflight(options: Options) -> tuple[Options, dict]:

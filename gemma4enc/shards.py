@@ -86,6 +86,7 @@ def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
         "dtype": str(tower.dtype).removeprefix("torch."),
         "out_dtype": options.out_dtype,
         "image_soft_tokens": str(options.image_tokens),
+        "resize": options.resize,
         "video_soft_tokens": str(options.video_tokens),
         "sampling": json.dumps(asdict(options.sampling)),
         "hidden_size": str(tower.out_dim),
