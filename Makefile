@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # plain torch requirement never pulls a multi-GB CUDA build. Override to choose.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install test bench bench-e2e bench-rss bench-video demo clean
+.PHONY: install test bench bench-e2e bench-rss bench-decode bench-video demo clean
 
 install:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -30,6 +30,10 @@ bench-e2e:
 
 bench-rss:
 	$(PY) -m gemma4enc bench --rss --items 500 --json bench-out/rss.json
+
+# decode to patches per core on real-size media (generated once into ~/.cache), or DIR=folder: a sample of yours
+bench-decode:
+	$(PY) benchmarks/decode.py $(DIR) --json bench-out/decode.json
 
 demo:
 	$(PY) -m gemma4enc demo ./demo

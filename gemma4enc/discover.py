@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
@@ -22,6 +22,8 @@ class Item:
     size: int  # bytes
     mtime_ns: int
     error: str | None = None  # set when the file could not even be looked at (broken link, no access)
+    root: str | None = None  # the root folder it was found under (absolute), when found by walking
+    rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
 
 
 def sniff(head: bytes) -> str | None:
@@ -82,15 +84,20 @@ def _matches(rel: str, include: list[str], exclude: list[str]) -> bool:
     return (not include or hit(include)) and not hit(exclude)
 
 
-def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None = None) -> Iterable[str]:
+def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None = None,
+         skip: str | None = None) -> Iterable[str]:
     """Every file under root (root itself if a file), following symlinks without loops.
 
-    Folders that cannot be listed go to `errors` as (path, reason) instead of vanishing.
+    Folders that cannot be listed go to `errors` as (path, reason) instead of vanishing;
+    the folder `skip` (OUT, when it lies inside a root) is not entered.
     """
     if not os.path.isdir(root):
         yield root
         return
     seen: set[tuple[int, int]] = set()
+    if skip and os.path.isdir(skip):
+        st = os.stat(skip)
+        seen.add((st.st_dev, st.st_ino))
     on_error = (lambda e: errors.append((e.filename, e.strerror or str(e)))) if errors is not None else None
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=on_error):
         st = os.stat(dirpath)
@@ -106,23 +113,28 @@ def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None =
 
 
 def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
-             hidden: bool = False) -> tuple[list[Item], int]:
+             hidden: bool = False, null: bool = False, out: str | None = None) -> tuple[list[Item], int]:
     """(media items in one stable sorted order, count of files skipped as not media).
 
     Files named explicitly (a root that is a file, or a --files-from line) are always kept,
     so an unsupported one gets a row saying so; files found by walking are kept only when
-    they look like media.
+    they look like media. A listed folder is walked like a root; OUT is never walked.
+    With `null` the list's names end in NUL bytes (find -print0): a name may hold a newline.
     """
     named: list[str] = []
     walked: list[tuple[str, str]] = []  # (path, path relative to its root: what globs see)
-    if files_from:
+    listed: list[str] = []
+    if files_from and null:  # bytes: no newline translation, and names that are not UTF-8 survive
+        raw = sys.stdin.buffer.read() if files_from == "-" else open(files_from, "rb").read()
+        listed = [os.fsdecode(name) for name in raw.split(b"\0") if name]
+    elif files_from:
         stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
         with stream:
-            named += [line.rstrip("\n") for line in stream if line.strip()]
+            listed = [line.rstrip("\n") for line in stream if line.strip()]
     unlisted: list[tuple[str, str]] = []
-    for root in roots:
+    for root in [*roots, *listed]:
         if os.path.isdir(root):
-            walked += [(p, os.path.relpath(p, root)) for p in walk(root, hidden, unlisted)]
+            walked += [(p, os.path.relpath(p, root), root) for p in walk(root, hidden, unlisted, skip=out)]
         else:
             named.append(root)
     items: dict[str, Item] = {}
@@ -130,11 +142,13 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
         path = os.path.abspath(path)
         items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}")
     skipped = 0
-    candidates = [(p, p, True) for p in named] + [(p, rel, False) for p, rel in walked]
-    for path, rel, explicit in candidates:
+    candidates = [(p, p, True, None) for p in named] + [(p, rel, False, root) for p, rel, root in walked]
+    for path, rel, explicit, root in candidates:
         if not _matches(rel, list(include), list(exclude)):
             continue
         item = look(os.path.abspath(path))
+        if root is not None:
+            item = replace(item, root=os.path.abspath(root), rel=rel)
         if item.kind == "unknown" and not explicit:
             skipped += 1
             continue

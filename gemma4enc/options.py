@@ -21,8 +21,9 @@ class Options:
     image_tokens: int = 280
     # soft-token budget per video frame (Gemma4VideoProcessor's default is 70)
     video_tokens: int = 70
-    # fast (video frames box-reduced by a whole factor before the processor's bicubic where that
-    # holds ≥ 45 dB PSNR of exact and the same patch grid) | exact (the processor's pixels)
+    # fast: images decoded at the smallest JPEG scale / box-shrink that holds the target, and
+    # 1080p+ video frames box-reduced by a whole factor, then the processor's bicubic (≥ 45 dB PSNR
+    # of exact, same patch grid) | exact (Gemma4ImageProcessorPil's pixels)
     resize: str = "fast"
     # which frames of a video
     sampling: Sampling = field(default_factory=Sampling)
@@ -72,5 +73,5 @@ class Options:
 
     def fingerprint(self) -> dict:
         """The settings that change what is written: a re-run must match them."""
-        keep = ("model", "image_tokens", "video_tokens", "resize", "sampling", "seek", "out_dtype")
+        keep = ("model", "dtype", "image_tokens", "video_tokens", "resize", "sampling", "seek", "out_dtype", "pooled")
         return {k: v for k, v in asdict(self).items() if k in keep}

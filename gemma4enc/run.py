@@ -8,25 +8,36 @@ from .discover import Item
 from .engines import Run
 from .errors import UsageError, first_lines
 from .options import Options
-from .outdir import Lock, describe, prepare_out, still_to_do
+from .outdir import Lock, describe, prepare_out, still_to_do, write_settings
 from .shards import MANIFEST, read_manifest
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False) -> dict:
     """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints."""
+    from .preflight import preflight
+
     out = Path(out)
     log = log or (lambda message: None)
+    options, extra = preflight(options)  # before OUT is touched
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
-    with Lock(out) as lock:
-        if lock.previous:
-            log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
-        for note in prepare_out(out, options, overwrite):
-            log(note)
-        todo = still_to_do(items, out, options)
-        summary = _engine(options.engine)(todo, Run(out, options, bar, log, done=len(items) - len(todo)))
+    try:
+        with Lock(out) as lock:
+            if lock.previous:
+                log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
+            for note in prepare_out(out, options, overwrite, extra):
+                log(note)
+            todo = still_to_do(items, out, options)
+            ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
+            summary = _engine(options.engine)(todo, Run(out, options, bar, log, done=len(items) - len(todo),
+                                                        ready=ready))
+    except UsageError:
+        if created and not any(out.iterdir()):
+            out.rmdir()  # the folder this run made for nothing
+        raise
     rows = read_manifest(out)
     failures = [f"{Path(r['path']).name}: {r['status']}" for i in todo if (r := rows.get(i.path)) and r["status"] != "ok"]
     if failures:

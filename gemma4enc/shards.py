@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from ._version import __version__
 from .errors import OutputError
+from .npreader import Rows
 
 if TYPE_CHECKING:
     from .options import Options
@@ -36,6 +37,14 @@ MANIFEST = "manifest.jsonl"
 # shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
 SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
 OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# our temp files, and only ours (a user's .draft.tmp in OUT is never touched): .gemma4enc-<name>.<pid>.tmp,
+# and the names earlier versions used (.<our file>.<pid>.tmp, .write-test-<pid>.tmp)
+TEMP_RE = re.compile(r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
+                     r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$")
+
+
+def temp_name(name: str) -> str:
+    return f".gemma4enc-{name}.{os.getpid()}.tmp"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -52,7 +61,7 @@ os.umask(_UMASK)
 
 def atomic_write(path: Path, write) -> None:
     """write(tmp_path), then fsync and rename into place: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(temp_name(path.name))
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # safetensors writes 0600; others may need to read the shards
@@ -77,6 +86,7 @@ def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
         "dtype": str(tower.dtype).removeprefix("torch."),
         "out_dtype": options.out_dtype,
         "image_soft_tokens": str(options.image_tokens),
+        "resize": options.resize,
         "video_soft_tokens": str(options.video_tokens),
         "sampling": json.dumps(asdict(options.sampling)),
         "hidden_size": str(tower.out_dim),
@@ -231,7 +241,7 @@ def read_manifest(out: Path) -> dict[str, dict]:
     return rows
 
 
-class Embeddings:
+class Embeddings(Rows):
     """Read an output folder: `emb[path]` → (tokens, D) tensor, `emb.frames(path)` → per frame.
 
     Only the manifest is read up front; each lookup opens one shard and slices its rows.
@@ -243,26 +253,8 @@ class Embeddings:
             raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
         self.rows = read_manifest(self.out)
 
-    def __len__(self) -> int:
-        return sum(1 for r in self.rows.values() if r["status"] == "ok")
-
-    def __iter__(self):
-        return (p for p, r in self.rows.items() if r["status"] == "ok")
-
-    def __contains__(self, path) -> bool:
-        row = self.rows.get(os.path.abspath(path))
-        return bool(row and row["status"] == "ok")
-
-    def row(self, path) -> dict:
-        key = os.path.abspath(path)
-        if key not in self.rows:
-            raise KeyError(f"{path}: not in {self.out / MANIFEST}")
-        return self.rows[key]
-
     def __getitem__(self, path) -> torch.Tensor:
-        row = self.row(path)
-        if row["status"] != "ok":
-            raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
+        row = self.ok_row(path)
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
             lo, hi = f.get_slice("item_offsets")[row["index"]: row["index"] + 2].tolist()
             return f.get_slice("tokens")[lo:hi]
@@ -277,9 +269,23 @@ class Embeddings:
         return list(torch.split(tokens, (offsets[1:] - offsets[:-1]).tolist()))
 
     def pooled(self, path) -> torch.Tensor:
-        row = self.row(path)
+        row = self.ok_row(path)
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            if "pooled" not in f.keys():
+                raise KeyError(f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)")
             return f.get_slice("pooled")[row["index"]: row["index"] + 1][0]
+
+    def mm_encoder_outputs(self, paths, device=None, dtype=None, model=None):
+        """What Gemma 4's `generate` takes in place of pixels, and what its prompt needs (gemma.py)."""
+        from .gemma import model_inputs
+
+        return model_inputs(self, paths, device, dtype, model)
+
+    def pooled_matrix(self, per_frame: bool = False):
+        """(paths, (N, D) float32 array) of every file's latest pooled vector (retrieval.py)."""
+        from .retrieval import pooled_matrix
+
+        return pooled_matrix(self, per_frame)
 
 
 def open_output(out: str | os.PathLike) -> Embeddings:

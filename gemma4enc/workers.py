@@ -52,9 +52,10 @@ def prepare(item: Item, options: Options) -> Decoded:
     try:
         digest = sha256(item.path) if options.hash else None
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
-        fit = prefit if item.kind == "video" and options.resize == "fast" else lambda image, _: image
+        shrink = prefit if item.kind == "video" and options.resize == "fast" else lambda image, _: image
         frames = decode(item.path, item.kind, options.sampling, options.video_backend, options.max_image_pixels,
-                        transform=lambda image: patchify(fit(image, budget), budget), seek=options.seek)
+                        transform=lambda image: patchify(shrink(image, budget), budget),
+                        fit=budget if options.resize == "fast" else None, seek=options.seek)
         video = {}
         if item.kind == "video":
             video = {"frame_indices": frames.indices, "timestamps": frames.timestamps,
