@@ -17,7 +17,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from .decode import Sampling
 from .errors import UsageError
+from .options import Options, format_size, parse_size
+
+DEFAULT = Options()  # every default below is read from here: one place for each
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Encode folders of images and videos with the Gemma 4 vision tower.")
@@ -37,7 +41,7 @@ Batching = Annotated[str, typer.Option(help="auto, serial (one item per call), b
 MemFraction = Annotated[float, typer.Option("--memory-fraction", help="Share of free accelerator memory a batch may use.")]
 MaxPatches = Annotated[Optional[int], typer.Option("--max-batch-patches", help="Patches per tower call (overrides the memory model).")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the encoder's layers for serial and bucket calls (~10 s; 1.3–1.5× on a CPU with AMX).")]
-ShardSize = Annotated[str, typer.Option("--shard-size", help="Target shard size, e.g. 1GB, 256MB.")]
+ShardSize = Annotated[str, typer.Option("--shard-size", help="Target shard size: bytes, or with a unit: 256MB, 1.5G (K, M, G = 10³, 10⁶, 10⁹), 1GiB (2³⁰).")]
 OutDtype = Annotated[str, typer.Option("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")]
 FilesFrom = Annotated[Optional[str], typer.Option("--files-from", help="Read paths to encode from this file, one per line ('-' = stdin).")]
 Include = Annotated[Optional[list[str]], typer.Option("--include", help="Only paths matching this glob (repeatable).")]
@@ -61,54 +65,14 @@ OutFolder = Annotated[Path, typer.Argument(help="An output folder of gemma4enc e
 Json = Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or messages on stderr.")]
 
-UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
-         "GIB": 2**30}
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*([\d.]+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in UNITS:
-        raise UsageError(f"--shard-size {text!r}: use a size like 1GB or 256MB")
-    return max(1, int(float(m.group(1)) * UNITS[m.group(2).upper()]))
-
-
 def fail(message: str) -> None:
     typer.echo(f"gemma4enc: error: {message}", err=True)
     raise typer.Exit(2)
 
 
-def _options(**kw):
-    from .decode import Sampling
-    from .options import Options
-    from .patches import SOFT_TOKEN_BUDGETS
-
-    for flag, value in (("--max-soft-tokens", kw["image_tokens"]), ("--video-soft-tokens", kw["video_tokens"])):
-        if value not in SOFT_TOKEN_BUDGETS:
-            raise UsageError(f"{flag} {value}: use one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}")
-    if kw["video_backend"] not in ("auto", "decord", "pyav"):
-        raise UsageError(f"--video-backend {kw['video_backend']!r}: use auto, decord or pyav")
-    if kw["out_dtype"] not in ("bfloat16", "float16", "float32"):
-        raise UsageError(f"--out-dtype {kw['out_dtype']!r}: use bfloat16, float16 or float32")
-    if kw["frames"] < 1 or kw["max_frames"] < 1 or (kw["fps"] is not None and kw["fps"] <= 0):
-        raise UsageError("--frames, --max-frames and --fps must be positive")
-    if not 0 < kw["memory_fraction"] <= 1:
-        raise UsageError("--memory-fraction must be in (0, 1]")
-    if kw["engine"] not in ("local", "ray"):
-        raise UsageError(f"--engine {kw['engine']!r}: use local or ray")
-    if kw["engine"] != "ray" and (kw["ray_address"] or kw["ray_actors"]):
-        raise UsageError("--ray-address and --ray-actors need --engine ray")
-    if kw["engine"] == "ray" and kw["devices"]:
-        raise UsageError("--devices is for the local engine; with --engine ray each actor has a GPU of its own")
-    if kw["task_files"] < 1 or (kw["ray_actors"] is not None and kw["ray_actors"] < 1):
-        raise UsageError("--task-files and --ray-actors must be at least 1")
-    if (kw["workers"] or 0) < 0 or kw["decode_timeout"] < 0 or kw["flush_seconds"] < 0 or (kw["max_failures"] or 0) < 0:
-        raise UsageError("--workers, --decode-timeout, --flush-seconds and --max-failures cannot be negative")
-    kw["decode_timeout"] = kw["decode_timeout"] or None
-    sampling = Sampling(frames=None if kw["fps"] else kw["frames"], fps=kw.pop("fps"), max_frames=kw.pop("max_frames"))
-    kw.pop("frames")
-    kw["shard_bytes"] = parse_size(kw.pop("shard_size"))
-    kw["max_image_pixels"] = kw["max_image_pixels"] or None
-    return Options(sampling=sampling, **kw)
+def _sampling(frames: int, fps: float | None, max_frames: int) -> Sampling:
+    """--frames, or --fps capped by --max-frames."""
+    return Sampling(frames=None if fps else frames, fps=fps, max_frames=max_frames)
 
 
 class Bar:
@@ -150,61 +114,63 @@ class Bar:
 def encode(
     roots: Roots = None,
     out: Out = Path("embeddings"),
-    model: Model = "google/gemma-4-E2B-it",
-    dtype: Dtype = "auto",
-    device: Device = "auto",
-    devices: Devices = None,
-    image_tokens: ImageTokens = 280,
-    video_tokens: VideoTokens = 70,
-    frames: Frames = 32,
-    fps: Fps = None,
-    max_frames: MaxFrames = 32,
-    video_backend: Backend = "auto",
-    batching: Batching = "auto",
-    memory_fraction: MemFraction = 0.7,
-    max_batch_patches: MaxPatches = None,
-    use_compile: Compile = False,
-    shard_size: ShardSize = "1GB",
-    out_dtype: OutDtype = "bfloat16",
+    model: Model = DEFAULT.model,
+    dtype: Dtype = DEFAULT.dtype,
+    device: Device = DEFAULT.device,
+    devices: Devices = DEFAULT.devices,
+    image_tokens: ImageTokens = DEFAULT.image_tokens,
+    video_tokens: VideoTokens = DEFAULT.video_tokens,
+    frames: Frames = DEFAULT.sampling.frames,
+    fps: Fps = DEFAULT.sampling.fps,
+    max_frames: MaxFrames = DEFAULT.sampling.max_frames,
+    video_backend: Backend = DEFAULT.video_backend,
+    batching: Batching = DEFAULT.batching,
+    memory_fraction: MemFraction = DEFAULT.memory_fraction,
+    max_batch_patches: MaxPatches = DEFAULT.max_batch_patches,
+    use_compile: Compile = DEFAULT.compile,
+    shard_size: ShardSize = format_size(DEFAULT.shard_bytes),
+    out_dtype: OutDtype = DEFAULT.out_dtype,
     files_from: FilesFrom = None,
     include: Include = None,
     exclude: Exclude = None,
     hidden: Hidden = False,
-    max_image_pixels: MaxPixels = 89_478_485,
-    pooled: Pooled = True,
-    workers: Workers = None,
-    decode_timeout: DecodeTimeout = 120.0,
-    flush_seconds: FlushSeconds = 60.0,
-    content_hash: Hash = False,
-    retry_failed: RetryFailed = False,
-    max_failures: MaxFailures = None,
+    max_image_pixels: MaxPixels = DEFAULT.max_image_pixels,
+    pooled: Pooled = DEFAULT.pooled,
+    workers: Workers = DEFAULT.workers,
+    decode_timeout: DecodeTimeout = DEFAULT.decode_timeout,
+    flush_seconds: FlushSeconds = DEFAULT.flush_seconds,
+    content_hash: Hash = DEFAULT.hash,
+    retry_failed: RetryFailed = DEFAULT.retry_failed,
+    max_failures: MaxFailures = DEFAULT.max_failures,
     overwrite: Overwrite = False,
-    engine: Engine = "local",
-    ray_address: RayAddress = None,
-    ray_actors: RayActors = None,
-    task_files: TaskFiles = 64,
+    engine: Engine = DEFAULT.engine,
+    ray_address: RayAddress = DEFAULT.ray_address,
+    ray_actors: RayActors = DEFAULT.ray_actors,
+    task_files: TaskFiles = DEFAULT.task_files,
     json_out: Json = False,
     quiet: Quiet = False,
 ):
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     from .discover import discover
-    from .errors import OutputError
-    from .pipeline import TooManyFailures
-    from .run import encode_files
+    from .errors import OutputError, TooManyFailures
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
-        options = _options(model=model, dtype=dtype, device=device, devices=devices, image_tokens=image_tokens,
-                           video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
-                           video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
-                           max_batch_patches=max_batch_patches, compile=use_compile, shard_size=shard_size,
-                           out_dtype=out_dtype, max_image_pixels=max_image_pixels, pooled=pooled, workers=workers,
-                           decode_timeout=decode_timeout, flush_seconds=flush_seconds, hash=content_hash,
-                           retry_failed=retry_failed, max_failures=max_failures, engine=engine,
-                           ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
+        options = Options(
+            model=model, dtype=dtype, device=device, devices=devices, image_tokens=image_tokens,
+            video_tokens=video_tokens, sampling=_sampling(frames, fps, max_frames), video_backend=video_backend,
+            batching=batching, memory_fraction=memory_fraction, max_batch_patches=max_batch_patches,
+            compile=use_compile, shard_bytes=parse_size(shard_size), out_dtype=out_dtype,
+            max_image_pixels=max_image_pixels or None, pooled=pooled, workers=workers,
+            decode_timeout=decode_timeout or None, flush_seconds=flush_seconds, hash=content_hash,
+            retry_failed=retry_failed, max_failures=max_failures, engine=engine, ray_address=ray_address,
+            ray_actors=ray_actors, task_files=task_files,
+        )
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
+        from .run import encode_files  # torch and the rest: only once the flags are known to be good
+
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet), log=None if quiet else _log,
                               overwrite=overwrite)
     except UsageError as e:
@@ -237,24 +203,29 @@ def _log(message: str) -> None:
 @app.command()
 def plan(
     roots: Roots = None,
-    image_tokens: ImageTokens = 280,
-    video_tokens: VideoTokens = 70,
-    frames: Frames = 32,
+    image_tokens: ImageTokens = DEFAULT.image_tokens,
+    video_tokens: VideoTokens = DEFAULT.video_tokens,
+    frames: Frames = DEFAULT.sampling.frames,
+    fps: Fps = DEFAULT.sampling.fps,
+    max_frames: MaxFrames = DEFAULT.sampling.max_frames,
     files_from: FilesFrom = None,
     include: Include = None,
     exclude: Exclude = None,
     hidden: Hidden = False,
     hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
-    out_dtype: OutDtype = "bfloat16",
+    out_dtype: OutDtype = DEFAULT.out_dtype,
     json_out: Json = False,
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     from .discover import discover
-    from .report import plan_report
 
     try:
+        options = Options(image_tokens=image_tokens, video_tokens=video_tokens,
+                          sampling=_sampling(frames, fps, max_frames), out_dtype=out_dtype)
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
-        report = plan_report(items, image_tokens, video_tokens, frames, hidden_size, out_dtype)
+        from .report import plan_report
+
+        report = plan_report(items, options, hidden_size)
     except UsageError as e:
         fail(str(e))
     report["skipped_not_media"] = skipped
@@ -347,13 +318,8 @@ def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo chec
 
     ckpt, media = make_demo(folder)
     typer.echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)
-    encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu", devices=None,
-           image_tokens=280, video_tokens=70, frames=8, fps=None, max_frames=32, video_backend="auto",
-           batching="auto", memory_fraction=0.7, max_batch_patches=None, shard_size="1GB", out_dtype="float32",
-           files_from=None, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,
-           workers=None, decode_timeout=120.0, flush_seconds=60.0, content_hash=False, retry_failed=False, max_failures=None,
-           overwrite=False, engine="local", ray_address=None, ray_actors=None, task_files=64, json_out=True,
-           quiet=False)
+    encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu", frames=8,
+           out_dtype="float32", json_out=True)
 
 
 def main() -> None:

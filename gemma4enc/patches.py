@@ -12,9 +12,10 @@ import numpy as np
 from PIL import Image
 from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
 
+from .options import SOFT_TOKEN_BUDGETS  # the one list, which Options checks too
+
 PATCH = 16  # pixels per patch side
 POOL = 3  # k: k×k patches pool into one soft token
-SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 
 
 @dataclass(frozen=True)

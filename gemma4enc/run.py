@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from .discover import Item
 from .engines import Run
 from .errors import UsageError, first_lines
+from .model import resolve_dtype
 from .options import Options
 from .outdir import Lock, describe, prepare_out, still_to_do
 from .shards import MANIFEST, read_manifest
@@ -16,6 +18,7 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints."""
     out = Path(out)
     log = log or (lambda message: None)
+    options = replace(options, dtype=resolve_dtype(options))  # auto decided once: recorded and used alike
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

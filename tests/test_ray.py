@@ -183,17 +183,20 @@ def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_pa
 def test_pool_sizes_from_the_cluster():
     from gemma4enc.engines.ray import plan_pool
 
-    gpu = plan_pool({"GPU": 4, "CPU": 32}, Options())
+    def ray(**kw):  # the pool is planned for --engine ray, which Options now requires of --ray-actors
+        return Options(engine="ray", **kw)
+
+    gpu = plan_pool({"GPU": 4, "CPU": 32}, ray())
     assert (gpu.actors, gpu.gpus, gpu.cpus, gpu.device) == (4, 1, 8, "cuda")  # 7 decode workers each
-    assert plan_pool({"GPU": 4, "CPU": 32}, Options(ray_actors=2, workers=3)).cpus == 4
-    cpu = plan_pool({"GPU": 4, "CPU": 6}, Options(device="cpu", workers=1))
+    assert plan_pool({"GPU": 4, "CPU": 32}, ray(ray_actors=2, workers=3)).cpus == 4
+    cpu = plan_pool({"GPU": 4, "CPU": 6}, ray(device="cpu", workers=1))
     assert (cpu.actors, cpu.gpus, cpu.cpus, cpu.device) == (3, 0, 2, "cpu")
     with pytest.raises(UsageError, match="the Ray cluster has 4"):
-        plan_pool({"GPU": 4, "CPU": 64}, Options(ray_actors=5))
+        plan_pool({"GPU": 4, "CPU": 64}, ray(ray_actors=5))
     with pytest.raises(UsageError, match="need 6 CPUs"):
-        plan_pool({"CPU": 4}, Options(device="cpu", ray_actors=3, workers=1))
+        plan_pool({"CPU": 4}, ray(device="cpu", ray_actors=3, workers=1))
     with pytest.raises(UsageError, match="--device auto, cuda or cpu"):
-        plan_pool({"GPU": 2, "CPU": 8}, Options(device="cuda:1"))
+        plan_pool({"GPU": 2, "CPU": 8}, ray(device="cuda:1"))
 
 
 def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats():
