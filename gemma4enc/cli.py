@@ -1,24 +1,26 @@
 """The command line: thin wrappers that parse flags into Options and call the stages.
 
-stdout carries data (--json), stderr carries progress and messages.
-Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error
-· 3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted.
-After 1, 3, 4 and 130 the finished files are saved: a re-run resumes.
+stdout carries data (--json), stderr carries progress and messages. Every command runs
+through `Command.invoke`, the one place where an error becomes its exit code (EXIT_CODES,
+the README's table): one line on stderr, and with --json an {"error", "exit_code"} object.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import os
 import signal
 import sys
+import traceback
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from .decode import Sampling
-from .errors import UsageError
+from .errors import OutputError, TooManyFailures, UsageError
 from .options import Options, format_size, parse_size
 
 DEFAULT = Options()  # every default below is read from here: one place for each
@@ -65,9 +67,61 @@ OutFolder = Annotated[Path, typer.Argument(help="An output folder of gemma4enc e
 Json = Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or messages on stderr.")]
 
-def fail(message: str) -> None:
-    typer.echo(f"gemma4enc: error: {message}", err=True)
-    raise typer.Exit(2)
+# exit codes; 1 and 0 are the commands' own verdicts (some files failed / all is well)
+EXIT_CODES = {UsageError: 2, TooManyFailures: 3, OutputError: 4, KeyboardInterrupt: 130}
+EXIT_BUG = 70  # an exception we did not foresee (sysexits' EX_SOFTWARE): a bug to report
+DEBUG = "GEMMA4ENC_DEBUG"  # =1: print the traceback of such an exception too
+
+
+def exit_for(error: BaseException, command: str) -> tuple[int, str, str]:
+    """An exception that ends a command → (exit code, what kind of end, the one line that says why)."""
+    code = next((c for kind, c in EXIT_CODES.items() if isinstance(error, kind)), EXIT_BUG)
+    if code == 130:
+        return code, "interrupted", "finished files are saved, re-run to resume" if command == "encode" else ""
+    if code == EXIT_BUG:
+        first = (str(error).splitlines() or [""])[0]
+        return code, "internal error", f"{type(error).__name__}: {first} (a bug; {DEBUG}=1 shows the traceback)"
+    return code, "aborted" if code == 3 else "error", str(error)
+
+
+class Command(TyperCommand):
+    """A command whose every way out is an exit code, one line on stderr, and a JSON object on
+    stdout with --json: click's own usage errors (bad flag syntax) and ours alike."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        wants_json = "--json" in args and any(p.name == "json_out" for p in self.params)
+        try:
+            ctx = super().make_context(info_name, list(args), parent, **extra)
+        except typer.TyperException as e:  # click's usage errors, as typer vendors them
+            _json_error(wants_json, e.format_message(), e.exit_code)
+            raise
+        ctx.meta["json_errors"] = wants_json
+        return ctx
+
+    def invoke(self, ctx):
+        wants_json = ctx.meta.get("json_errors", False)
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise  # a verdict the command gave itself (0, or 1: some files failed)
+        except typer.TyperException as e:  # a flag's value that typer could not convert
+            _json_error(wants_json, e.format_message(), e.exit_code)
+            raise
+        except BaseException as e:  # noqa: BLE001 - every other way out gets its code and its line
+            code, kind, message = exit_for(e, ctx.info_name)
+            if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
+                traceback.print_exc()
+            typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True)
+            _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)
+            raise typer.Exit(code) from None
+
+
+def _json_error(wanted: bool, message: str, code: int) -> None:
+    if wanted:
+        typer.echo(json.dumps({"error": message, "exit_code": code}))
+
+
+command = partial(app.command, cls=Command)
 
 
 def _sampling(frames: int, fps: float | None, max_frames: int) -> Sampling:
@@ -110,7 +164,7 @@ class Bar:
             self.bar.stop()
 
 
-@app.command()
+@command()
 def encode(
     roots: Roots = None,
     out: Out = Path("embeddings"),
@@ -152,7 +206,6 @@ def encode(
 ):
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     from .discover import discover
-    from .errors import OutputError, TooManyFailures
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
@@ -173,17 +226,6 @@ def encode(
 
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet), log=None if quiet else _log,
                               overwrite=overwrite)
-    except UsageError as e:
-        fail(str(e))
-    except TooManyFailures as e:
-        typer.echo(f"gemma4enc: aborted: {e}; finished files are saved (see {out / 'manifest.jsonl'})", err=True)
-        raise typer.Exit(3)
-    except OutputError as e:
-        typer.echo(f"gemma4enc: error: {e}", err=True)
-        raise typer.Exit(4)
-    except KeyboardInterrupt:
-        typer.echo("gemma4enc: interrupted; finished files are saved, re-run to resume", err=True)
-        raise typer.Exit(130)
     finally:
         signal.signal(signal.SIGTERM, previous)  # the work is saved; a late SIGTERM just ends us
     report["skipped_not_media"] = skipped
@@ -200,7 +242,7 @@ def _log(message: str) -> None:
     typer.echo(f"gemma4enc: {message}", err=True)
 
 
-@app.command()
+@command()
 def plan(
     roots: Roots = None,
     image_tokens: ImageTokens = DEFAULT.image_tokens,
@@ -219,15 +261,12 @@ def plan(
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     from .discover import discover
 
-    try:
-        options = Options(image_tokens=image_tokens, video_tokens=video_tokens,
-                          sampling=_sampling(frames, fps, max_frames), out_dtype=out_dtype)
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
-        from .report import plan_report
+    options = Options(image_tokens=image_tokens, video_tokens=video_tokens,
+                      sampling=_sampling(frames, fps, max_frames), out_dtype=out_dtype)
+    items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
+    from .report import plan_report
 
-        report = plan_report(items, options, hidden_size)
-    except UsageError as e:
-        fail(str(e))
+    report = plan_report(items, options, hidden_size)
     report["skipped_not_media"] = skipped
     if json_out:
         typer.echo(json.dumps(report, indent=2))
@@ -236,19 +275,12 @@ def plan(
             typer.echo(f"{key}: {value}")
 
 
-def _read(report_of, out: Path) -> dict:
-    try:
-        return report_of(out)
-    except UsageError as e:
-        fail(str(e))
-
-
-@app.command()
+@command()
 def inspect(out: OutFolder, json_out: Json = False):
     """Summarise an output folder: files by status, shards, tokens, failures."""
     from .report import inspect_report
 
-    report = _read(inspect_report, out)
+    report = inspect_report(out)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -256,12 +288,12 @@ def inspect(out: OutFolder, json_out: Json = False):
             typer.echo(f"{key}: {value}")
 
 
-@app.command()
+@command()
 def verify(out: OutFolder, json_out: Json = False):
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
     from .report import verify as check
 
-    report = _read(check, out)
+    report = check(out)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -275,7 +307,7 @@ def verify(out: OutFolder, json_out: Json = False):
     raise typer.Exit(0 if report["ok"] else 1)
 
 
-@app.command()
+@command()
 def bench(
     size: Annotated[str, typer.Option(help="Released tower size to imitate: e2b or 26b (random weights).")] = "e2b",
     layers: Annotated[Optional[int], typer.Option(help="Use only N encoder layers (to fit a CPU's time).")] = None,
@@ -296,22 +328,19 @@ def bench(
     from .bench import e2e as run_e2e
     from .bench import rss as run_rss
 
-    try:
-        if rss:
-            report = run_rss((items, 10 * items), workers, log=lambda s: typer.echo(s))
-        elif e2e:
-            report = run_e2e(size, layers, device, dtype, items, workers, repeats, log=lambda s: typer.echo(s))
-        else:
-            report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
-                               max_batch_patches, use_compile, log=lambda s: typer.echo(s))
-    except UsageError as e:
-        fail(str(e))
+    if rss:
+        report = run_rss((items, 10 * items), workers, log=lambda s: typer.echo(s))
+    elif e2e:
+        report = run_e2e(size, layers, device, dtype, items, workers, repeats, log=lambda s: typer.echo(s))
+    else:
+        report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
+                           max_batch_patches, use_compile, log=lambda s: typer.echo(s))
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2))
 
 
-@app.command()
+@command()
 def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo checkpoint, media and output.")] = Path("demo")):
     """Run the real pipeline on generated media with a tiny random checkpoint (no hub needed)."""
     from .demo import make_demo
@@ -323,4 +352,5 @@ def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo chec
 
 
 def main() -> None:
+    """The console script: every command maps its errors to EXIT_CODES (see Command)."""
     app()

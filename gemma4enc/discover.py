@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable
 
+from .errors import UsageError
+
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
               ".pgm", ".pbm", ".ico", ".tga"}
 VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
@@ -105,6 +107,16 @@ def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None =
             yield os.path.join(dirpath, name)
 
 
+def _listed(files_from: str) -> list[str]:
+    """--files-from: one path a line ('-' = stdin)."""
+    try:
+        stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
+        with stream:
+            return [line.rstrip("\n") for line in stream if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--files-from {files_from}: {getattr(e, 'strerror', None) or e}") from None
+
+
 def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
              hidden: bool = False) -> tuple[list[Item], int]:
     """(media items in one stable sorted order, count of files skipped as not media).
@@ -116,11 +128,11 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     named: list[str] = []
     walked: list[tuple[str, str]] = []  # (path, path relative to its root: what globs see)
     if files_from:
-        stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
-        with stream:
-            named += [line.rstrip("\n") for line in stream if line.strip()]
+        named += _listed(files_from)
     unlisted: list[tuple[str, str]] = []
     for root in roots:
+        if not os.path.lexists(root):  # a typo on the command line, not a file that vanished: say so now
+            raise UsageError(f"{root}: no such file or folder")
         if os.path.isdir(root):
             walked += [(p, os.path.relpath(p, root)) for p in walk(root, hidden, unlisted)]
         else:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
 from .discover import Item
 from .engines import Run
-from .errors import UsageError, first_lines
+from .errors import TooManyFailures, UsageError, first_lines
 from .model import resolve_dtype
 from .options import Options
 from .outdir import Lock, describe, prepare_out, still_to_do
-from .shards import MANIFEST, read_manifest
+from .shards import MANIFEST, read_manifest, reason
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False) -> dict:
@@ -19,17 +20,16 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     out = Path(out)
     log = log or (lambda message: None)
     options = replace(options, dtype=resolve_dtype(options))  # auto decided once: recorded and used alike
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
-    with Lock(out) as lock:
+    with _locked(out) as lock:
         if lock.previous:
             log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
         for note in prepare_out(out, options, overwrite):
             log(note)
         todo = still_to_do(items, out, options)
-        summary = _engine(options.engine)(todo, Run(out, options, bar, log, done=len(items) - len(todo)))
+        try:
+            summary = _engine(options.engine)(todo, Run(out, options, bar, log, done=len(items) - len(todo)))
+        except TooManyFailures as e:
+            raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
     rows = read_manifest(out)
     failures = [f"{Path(r['path']).name}: {r['status']}" for i in todo if (r := rows.get(i.path)) and r["status"] != "ok"]
     if failures:
@@ -42,6 +42,21 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
         "patches_per_s": round(summary.patches / summary.seconds, 1) if summary.seconds else None,
         "engine": options.engine, **summary.where,
     }
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    """OUT made and locked; a folder we cannot write to (read-only, immutable, full) is a usage error."""
+    lock = Lock(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except OSError as e:
+        raise UsageError(f"cannot write to {out}: {reason(e)}") from None
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def _engine(name: str):

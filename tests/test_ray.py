@@ -112,14 +112,12 @@ def test_ray_equals_local_and_resumes_what_is_left(media, ckpt, local, tmp_path)
 
     orphan = out / "shard-0123456789abcdef-000.safetensors"  # what a driver killed mid-task leaves
     orphan.write_bytes((out / sorted(ray_shards)[0]).read_bytes())
-    start = time.perf_counter()
     again = encode([media, "-o", out, "--model", ckpt, *BASE, *RAY, "--retry-failed"])
     assert json.loads(again.stdout)["encoded"] == 0 and json.loads(again.stdout)["by_status"] == {"decode_error": 1}
     nothing = encode([media, "-o", out, "--model", ckpt, *BASE, *RAY])
     assert nothing.exit_code == 0 and json.loads(nothing.stdout)["done_before"] == len(files)
     assert "ray_actors" not in json.loads(nothing.stdout)  # nothing to do: Ray was not started
-    assert not orphan.exists() and verify(out)["ok"]
-    assert time.perf_counter() - start < 120
+    assert not orphan.exists() and verify(out)["ok"]  # (no clock: "encoded == 0" says nothing was redone)
 
 
 def test_a_dying_worker_is_retried_and_a_file_that_always_kills_it_is_recorded(media, ckpt, local, tmp_path,
