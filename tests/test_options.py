@@ -68,7 +68,7 @@ def test_the_defaults_are_valid_and_the_cli_takes_them_from_options():
 
 def test_the_fingerprint_is_marked_on_the_fields():
     marked = {f.name for f in fields(Options) if f.metadata.get("fingerprint")}
-    assert marked == {"model", "dtype", "image_tokens", "video_tokens", "sampling", "out_dtype", "pooled"}
+    assert marked == {"model", "dtype", "image_tokens", "video_tokens", "resize", "sampling", "out_dtype", "pooled"}
     assert set(Options(dtype="float32").fingerprint()) == marked
     assert Options(dtype="float32").fingerprint() != Options(dtype="bfloat16").fingerprint()
     assert Options(pooled=False).fingerprint() != Options().fingerprint()
