@@ -1,29 +1,35 @@
 """The command line: thin wrappers that parse flags into Options and call the stages.
 
-stdout carries data (--json), stderr carries progress and messages.
-Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error
-· 3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted.
-After 1, 3, 4 and 130 the finished files are saved: a re-run resumes.
+stdout carries data (--json), stderr carries progress and messages. Every command runs
+through `Command.invoke`, the one place where an error becomes its exit code (EXIT_CODES,
+the README's table): one line on stderr, and with --json an {"error", "exit_code"} object.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import os
 import signal
 import sys
+import traceback
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
-from .errors import UsageError
+from .decode import Sampling
+from .errors import OutputError, TooManyFailures, UsageError
+from .options import Options, format_size, parse_size
 
-EXIT_CODES = ("Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error · "
+DEFAULT = Options()  # every default below is read from here: one place for each
+
+EPILOG = ("Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error · "
               "3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted.")
 # plain click help: rich markup would eat the brackets of pip install 'gemma4enc[ray]' and print <bool> on flags
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES,
+                  context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG,
                   help="Encode folders of images and videos with the Gemma 4 vision tower.")
 
 
@@ -57,7 +63,7 @@ Batching = Annotated[str, typer.Option(help="auto, serial (one item per call), b
 MemFraction = Annotated[float, typer.Option("--memory-fraction", help="Share of free accelerator memory a batch may use.")]
 MaxPatches = Annotated[Optional[int], typer.Option("--max-batch-patches", help="Patches per tower call (overrides the memory model).")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the encoder's layers for serial and bucket calls (~10 s; 1.3–1.5× on a CPU with AMX).")]
-ShardSize = Annotated[str, typer.Option("--shard-size", help="Target shard size, e.g. 1GB, 256MB.")]
+ShardSize = Annotated[str, typer.Option("--shard-size", help="Target shard size: bytes, or with a unit: 256MB, 1.5G (K, M, G = 10³, 10⁶, 10⁹), 1GiB (2³⁰).")]
 OutDtype = Annotated[str, typer.Option("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")]
 FilesFrom = Annotated[Optional[str], typer.Option("--files-from", help="Read paths to encode from this file, one per line ('-' = stdin).")]
 Null = Annotated[bool, typer.Option("--null", "-0", help="--files-from names end in NUL bytes, as find -print0 writes them (a name may hold a newline).")]
@@ -83,60 +89,67 @@ Json = Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdo
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or messages on stderr.")]
 LogFile = Annotated[Optional[Path], typer.Option("--log-file", help="Also append every message and progress line, timestamped, to this file.")]
 
-UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
-         "GIB": 2**30}
+# exit codes; 1 and 0 are the commands' own verdicts (some files failed / all is well)
+EXIT_CODES = {UsageError: 2, TooManyFailures: 3, OutputError: 4, KeyboardInterrupt: 130}
+EXIT_BUG = 70  # an exception we did not foresee (sysexits' EX_SOFTWARE): a bug to report
+DEBUG = "GEMMA4ENC_DEBUG"  # =1: print the traceback of such an exception too
 
 
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*([\d.]+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in UNITS:
-        raise UsageError(f"--shard-size {text!r}: use a size like 1GB or 256MB")
-    return max(1, int(float(m.group(1)) * UNITS[m.group(2).upper()]))
+def exit_for(error: BaseException, command: str) -> tuple[int, str, str]:
+    """An exception that ends a command → (exit code, what kind of end, the one line that says why)."""
+    code = next((c for kind, c in EXIT_CODES.items() if isinstance(error, kind)), EXIT_BUG)
+    if code == 130:
+        return code, "interrupted", "finished files are saved, re-run to resume" if command == "encode" else ""
+    if code == EXIT_BUG:
+        first = (str(error).splitlines() or [""])[0]
+        return code, "internal error", f"{type(error).__name__}: {first} (a bug; {DEBUG}=1 shows the traceback)"
+    return code, "aborted" if code == 3 else "error", str(error)
 
 
-def fail(message: str) -> None:
-    typer.echo(f"gemma4enc: error: {message}", err=True)
-    raise typer.Exit(2)
+class Command(TyperCommand):
+    """A command whose every way out is an exit code, one line on stderr, and a JSON object on
+    stdout with --json: click's own usage errors (bad flag syntax) and ours alike."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        wants_json = "--json" in args and any(p.name == "json_out" for p in self.params)
+        try:
+            ctx = super().make_context(info_name, list(args), parent, **extra)
+        except typer.TyperException as e:  # click's usage errors, as typer vendors them
+            _json_error(wants_json, e.format_message(), e.exit_code)
+            raise
+        ctx.meta["json_errors"] = wants_json
+        return ctx
+
+    def invoke(self, ctx):
+        wants_json = ctx.meta.get("json_errors", False)
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise  # a verdict the command gave itself (0, or 1: some files failed)
+        except typer.TyperException as e:  # a flag's value that typer could not convert
+            _json_error(wants_json, e.format_message(), e.exit_code)
+            raise
+        except BaseException as e:  # noqa: BLE001 - every other way out gets its code and its line
+            code, kind, message = exit_for(e, ctx.info_name)
+            if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
+                traceback.print_exc()
+            typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True)
+            _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)
+            raise typer.Exit(code) from None
 
 
-def _options(**kw):
-    from .decode import Sampling
-    from .options import Options
-    from .patches import SOFT_TOKEN_BUDGETS
+def _json_error(wanted: bool, message: str, code: int) -> None:
+    if wanted:
+        typer.echo(json.dumps({"error": message, "exit_code": code}))
 
-    for flag, value in (("--max-soft-tokens", kw["image_tokens"]), ("--video-soft-tokens", kw["video_tokens"])):
-        if value not in SOFT_TOKEN_BUDGETS:
-            raise UsageError(f"{flag} {value}: use one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}")
-    if kw["resize"] not in ("fast", "exact"):
-        raise UsageError(f"--resize {kw['resize']!r}: use fast or exact")
-    if kw["video_backend"] not in ("auto", "decord", "pyav"):
-        raise UsageError(f"--video-backend {kw['video_backend']!r}: use auto, decord or pyav")
-    if kw["seek"] not in ("exact", "keyframe"):
-        raise UsageError(f"--seek {kw['seek']!r}: use exact or keyframe")
-    if kw["out_dtype"] not in ("bfloat16", "float16", "float32"):
-        raise UsageError(f"--out-dtype {kw['out_dtype']!r}: use bfloat16, float16 or float32")
-    if kw["frames"] < 1 or kw["max_frames"] < 1 or (kw["fps"] is not None and kw["fps"] <= 0):
-        raise UsageError("--frames, --max-frames and --fps must be positive")
-    if not 0 < kw["memory_fraction"] <= 1:
-        raise UsageError("--memory-fraction must be in (0, 1]")
-    if kw["engine"] not in ("local", "ray"):
-        raise UsageError(f"--engine {kw['engine']!r}: use local or ray")
-    if kw["engine"] != "ray" and (kw["ray_address"] or kw["ray_actors"]):
-        raise UsageError("--ray-address and --ray-actors need --engine ray")
-    if kw["engine"] == "ray" and kw["devices"]:
-        raise UsageError("--devices is for the local engine; with --engine ray each actor has a GPU of its own")
-    if kw["task_files"] < 1 or (kw["ray_actors"] is not None and kw["ray_actors"] < 1):
-        raise UsageError("--task-files and --ray-actors must be at least 1")
-    if (kw["workers"] or 0) < 0 or kw["decode_timeout"] < 0 or kw["flush_seconds"] < 0 or (kw["max_failures"] or 0) < 0:
-        raise UsageError("--workers, --decode-timeout, --flush-seconds and --max-failures cannot be negative")
-    kw["decode_timeout"] = kw["decode_timeout"] or None
+
+command = partial(app.command, cls=Command)
+
+
+def _sampling(frames: int, fps: float | None, max_frames: int) -> Sampling:
+    """--frames, or --fps capped by --max-frames."""
     # only the setting that has an effect is recorded: --frames without --fps, --max-frames with it
-    fps, max_frames = kw.pop("fps"), kw.pop("max_frames")
-    sampling = Sampling(frames=None if fps else kw["frames"], fps=fps, max_frames=max_frames if fps else Sampling().max_frames)
-    kw.pop("frames")
-    kw["shard_bytes"] = parse_size(kw.pop("shard_size"))
-    kw["max_image_pixels"] = kw["max_image_pixels"] or None
-    return Options(sampling=sampling, **kw)
+    return Sampling(frames=None if fps else frames, fps=fps, max_frames=max_frames if fps else DEFAULT.sampling.max_frames)
 
 
 class Bar:
@@ -184,46 +197,46 @@ class Bar:
             self.bar.stop()
 
 
-@app.command(epilog=EXIT_CODES)
+@command(epilog=EPILOG)
 def encode(
     roots: Roots = None,
     out: Out = Path("embeddings"),
-    model: Model = "google/gemma-4-E2B-it",
-    dtype: Dtype = "auto",
-    device: Device = "auto",
-    devices: Devices = None,
-    image_tokens: ImageTokens = 280,
-    video_tokens: VideoTokens = 70,
-    resize: Resize = "fast",
-    frames: Frames = 32,
-    fps: Fps = None,
-    max_frames: MaxFrames = 32,
-    video_backend: Backend = "auto",
-    seek: Seek = "exact",
-    batching: Batching = "auto",
-    memory_fraction: MemFraction = 0.7,
-    max_batch_patches: MaxPatches = None,
-    use_compile: Compile = False,
-    shard_size: ShardSize = "1GB",
-    out_dtype: OutDtype = "bfloat16",
+    model: Model = DEFAULT.model,
+    dtype: Dtype = DEFAULT.dtype,
+    device: Device = DEFAULT.device,
+    devices: Devices = DEFAULT.devices,
+    image_tokens: ImageTokens = DEFAULT.image_tokens,
+    video_tokens: VideoTokens = DEFAULT.video_tokens,
+    resize: Resize = DEFAULT.resize,
+    frames: Frames = DEFAULT.sampling.frames,
+    fps: Fps = DEFAULT.sampling.fps,
+    max_frames: MaxFrames = DEFAULT.sampling.max_frames,
+    video_backend: Backend = DEFAULT.video_backend,
+    seek: Seek = DEFAULT.seek,
+    batching: Batching = DEFAULT.batching,
+    memory_fraction: MemFraction = DEFAULT.memory_fraction,
+    max_batch_patches: MaxPatches = DEFAULT.max_batch_patches,
+    use_compile: Compile = DEFAULT.compile,
+    shard_size: ShardSize = format_size(DEFAULT.shard_bytes),
+    out_dtype: OutDtype = DEFAULT.out_dtype,
     files_from: FilesFrom = None,
     null: Null = False,
     include: Include = None,
     exclude: Exclude = None,
     hidden: Hidden = False,
-    max_image_pixels: MaxPixels = 89_478_485,
-    pooled: Pooled = True,
-    workers: Workers = None,
-    decode_timeout: DecodeTimeout = 120.0,
-    flush_seconds: FlushSeconds = 60.0,
-    content_hash: Hash = False,
-    retry_failed: RetryFailed = False,
-    max_failures: MaxFailures = None,
+    max_image_pixels: MaxPixels = DEFAULT.max_image_pixels,
+    pooled: Pooled = DEFAULT.pooled,
+    workers: Workers = DEFAULT.workers,
+    decode_timeout: DecodeTimeout = DEFAULT.decode_timeout,
+    flush_seconds: FlushSeconds = DEFAULT.flush_seconds,
+    content_hash: Hash = DEFAULT.hash,
+    retry_failed: RetryFailed = DEFAULT.retry_failed,
+    max_failures: MaxFailures = DEFAULT.max_failures,
     overwrite: Overwrite = False,
-    engine: Engine = "local",
-    ray_address: RayAddress = None,
-    ray_actors: RayActors = None,
-    task_files: TaskFiles = 64,
+    engine: Engine = DEFAULT.engine,
+    ray_address: RayAddress = DEFAULT.ray_address,
+    ray_actors: RayActors = DEFAULT.ray_actors,
+    task_files: TaskFiles = DEFAULT.task_files,
     json_out: Json = False,
     quiet: Quiet = False,
     log_file: LogFile = None,
@@ -231,10 +244,7 @@ def encode(
 ):
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     from .discover import discover
-    from .errors import OutputError
-    from .pipeline import TooManyFailures
     from .preflight import no_effect, remembered
-    from .run import encode_files
 
     import time
 
@@ -245,7 +255,7 @@ def encode(
     try:
         say = Sink(quiet, log_file)
     except OSError as e:
-        fail(f"--log-file {log_file}: {e.strerror or e}")
+        raise UsageError(f"--log-file {log_file}: {e.strerror or e}") from None
     recorded = dict(model=model, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
                     fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize, seek=seek)
     saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags
@@ -257,32 +267,31 @@ def encode(
         say(f"gemma4enc: warning: {note}")
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
-        options = _options(**recorded, device=device, devices=devices, video_backend=video_backend,
-                           batching=batching, memory_fraction=memory_fraction,
-                           max_batch_patches=max_batch_patches, compile=use_compile, shard_size=shard_size,
-                           max_image_pixels=max_image_pixels, workers=workers,
-                           decode_timeout=decode_timeout, flush_seconds=flush_seconds, hash=content_hash,
-                           retry_failed=retry_failed, max_failures=max_failures, engine=engine,
-                           ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
+        r = recorded
+        options = Options(
+            model=r["model"], dtype=r["dtype"], device=device, devices=devices, image_tokens=r["image_tokens"],
+            video_tokens=r["video_tokens"], resize=r["resize"], seek=r["seek"], sampling=_sampling(r["frames"], r["fps"], r["max_frames"]),
+            video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
+            max_batch_patches=max_batch_patches, compile=use_compile, shard_bytes=parse_size(shard_size),
+            out_dtype=r["out_dtype"], max_image_pixels=max_image_pixels or None, pooled=r["pooled"], workers=workers,
+            decode_timeout=decode_timeout or None, flush_seconds=flush_seconds, hash=content_hash,
+            retry_failed=retry_failed, max_failures=max_failures, engine=engine, ray_address=ray_address,
+            ray_actors=ray_actors, task_files=task_files,
+        )
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null, str(out))
+        from .run import encode_files  # torch and the rest: only once the flags are known to be good
+
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet, say),
                               log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite)
         shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
         say(f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}", stamp=True)
-    except UsageError as e:
-        say(f"gemma4enc: error: {e}", error=True)
-        raise typer.Exit(2)
-    except TooManyFailures as e:
-        say(f"gemma4enc: aborted: {e}; finished files are saved (see {out / 'manifest.jsonl'})", error=True)
-        raise typer.Exit(3)
-    except OutputError as e:
-        say(f"gemma4enc: error: {e}", error=True)
-        raise typer.Exit(4)
-    except KeyboardInterrupt:
-        say("gemma4enc: interrupted; finished files are saved, re-run to resume", error=True)
-        raise typer.Exit(130)
+    except BaseException as e:  # noqa: BLE001 - the one line Command prints goes to --log-file too
+        if not isinstance(e, typer.Exit):
+            _, kind, message = exit_for(e, "encode")
+            say(f"gemma4enc: {kind}: {message}", screen=False)
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)  # the work is saved; a late SIGTERM just ends us
         say.close()
@@ -304,14 +313,14 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-@app.command()
+@command()
 def plan(
     roots: Roots = None,
-    image_tokens: ImageTokens = 280,
-    video_tokens: VideoTokens = 70,
-    frames: Frames = 32,
-    fps: Fps = None,
-    max_frames: MaxFrames = 32,
+    image_tokens: ImageTokens = DEFAULT.image_tokens,
+    video_tokens: VideoTokens = DEFAULT.video_tokens,
+    frames: Frames = DEFAULT.sampling.frames,
+    fps: Fps = DEFAULT.sampling.fps,
+    max_frames: MaxFrames = DEFAULT.sampling.max_frames,
     files_from: FilesFrom = None,
     null: Null = False,
     include: Include = None,
@@ -319,31 +328,30 @@ def plan(
     hidden: Hidden = False,
     model: Annotated[Optional[str], typer.Option(help="Read the stored width from this checkpoint (folder or hub id in the HF cache) instead of --hidden-size.")] = None,
     hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
-    out_dtype: OutDtype = "bfloat16",
+    out_dtype: OutDtype = DEFAULT.out_dtype,
     json_out: Json = False,
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     import os
 
-    from .decode import Sampling
     from .discover import discover
+
+    options = Options(image_tokens=image_tokens, video_tokens=video_tokens,
+                      sampling=_sampling(frames, fps, max_frames), out_dtype=out_dtype)
+    found = []
+    for root in roots or []:  # a dry run warns about a missing root and plans the rest
+        if os.path.lexists(root):
+            found.append(root)
+        else:
+            typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
+    items, skipped = discover(found, files_from, include or [], exclude or [], hidden, null)
+    if model:
+        from .model import find_checkpoint
+
+        hidden_size = find_checkpoint(model).config.text_config.hidden_size  # what embed_vision projects to
     from .report import plan_report
 
-    for root in roots or []:
-        if not os.path.exists(root):
-            typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
-    try:
-        if frames < 1 or max_frames < 1 or (fps is not None and fps <= 0):
-            raise UsageError("--frames, --max-frames and --fps must be positive")
-        if model:
-            from .model import find_checkpoint
-
-            hidden_size = find_checkpoint(model).config.text_config.hidden_size  # what embed_vision projects to
-        sampling = Sampling(frames=None if fps else frames, fps=fps, max_frames=max_frames)
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null)
-        report = plan_report(items, image_tokens, video_tokens, sampling, hidden_size, out_dtype)
-    except UsageError as e:
-        fail(str(e))
+    report = plan_report(items, options, hidden_size)
     report["skipped_not_media"] = skipped
     if json_out:
         typer.echo(json.dumps(report, indent=2))
@@ -353,19 +361,12 @@ def plan(
         typer.echo("\n".join(report_lines(report)))
 
 
-def _read(report_of, out: Path) -> dict:
-    try:
-        return report_of(out)
-    except UsageError as e:
-        fail(str(e))
-
-
-@app.command()
+@command()
 def inspect(out: OutFolder, json_out: Json = False):
     """Summarise an output folder: files by status, shards, tokens, failures."""
     from .report import inspect_report
 
-    report = _read(inspect_report, out)
+    report = inspect_report(out)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -374,16 +375,16 @@ def inspect(out: OutFolder, json_out: Json = False):
         typer.echo("\n".join(report_lines(report)))
 
 
-@app.command()
+@command()
 def verify(out: OutFolder, repair: Annotated[bool, typer.Option("--repair", help="Encode again the files of shards that are missing or fail a check (with the settings OUT records).")] = False,
            json_out: Json = False):
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
     from .report import verify as check
 
-    report = _read(check, out)
+    report = check(out)
     if repair and report["bad_shards"]:
         repaired = _repair(out, report["bad_shards"])
-        report = _read(check, out) | {"repaired": repaired}
+        report = check(out) | {"repaired": repaired}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -414,7 +415,7 @@ def _repair(out: Path, shards: list[str]) -> int:
     return len(paths)
 
 
-@app.command()
+@command()
 def bench(
     size: Annotated[str, typer.Option(help="Released tower size to imitate: e2b or 26b (random weights).")] = "e2b",
     layers: Annotated[Optional[int], typer.Option(help="Use only N encoder layers (to fit a CPU's time).")] = None,
@@ -435,36 +436,29 @@ def bench(
     from .bench import e2e as run_e2e
     from .bench import rss as run_rss
 
-    try:
-        if rss:
-            report = run_rss((items, 10 * items), workers, log=lambda s: typer.echo(s))
-        elif e2e:
-            report = run_e2e(size, layers, device, dtype, items, workers, repeats, log=lambda s: typer.echo(s))
-        else:
-            report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
-                               max_batch_patches, use_compile, log=lambda s: typer.echo(s))
-    except UsageError as e:
-        fail(str(e))
+    if rss:
+        report = run_rss((items, 10 * items), workers, log=lambda s: typer.echo(s))
+    elif e2e:
+        report = run_e2e(size, layers, device, dtype, items, workers, repeats, log=lambda s: typer.echo(s))
+    else:
+        report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
+                           max_batch_patches, use_compile, log=lambda s: typer.echo(s))
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2))
 
 
-@app.command()
+@command()
 def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo checkpoint, media and output.")] = Path("demo")):
     """Run the real pipeline on generated media with a tiny random checkpoint (no hub needed)."""
     from .demo import make_demo
 
     ckpt, media = make_demo(folder)
     typer.echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)
-    encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu", devices=None,
-           image_tokens=280, video_tokens=70, frames=8, fps=None, max_frames=32, video_backend="auto",
-           seek="exact", resize="fast", batching="auto", memory_fraction=0.7, max_batch_patches=None, shard_size="1GB", out_dtype="float32",
-           files_from=None, null=False, include=None, exclude=None, hidden=False, max_image_pixels=89_478_485, pooled=True,
-           workers=None, decode_timeout=120.0, flush_seconds=60.0, content_hash=False, retry_failed=False, max_failures=None,
-           overwrite=False, engine="local", ray_address=None, ray_actors=None, task_files=64, json_out=True,
-           quiet=False)
+    encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu", frames=8,
+           out_dtype="float32", json_out=True)
 
 
 def main() -> None:
+    """The console script: every command maps its errors to EXIT_CODES (see Command)."""
     app()

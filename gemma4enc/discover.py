@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Iterable
 
+from .errors import UsageError
+
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
               ".pgm", ".pbm", ".ico", ".tga"}
 VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
@@ -112,6 +114,19 @@ def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None =
             yield os.path.join(dirpath, name)
 
 
+def _listed(files_from: str, null: bool = False) -> list[str]:
+    """--files-from: one path a line, or NUL-ended names with `null` ('-' = stdin)."""
+    try:
+        if null:  # bytes: no newline translation, and names that are not UTF-8 survive
+            raw = sys.stdin.buffer.read() if files_from == "-" else open(files_from, "rb").read()
+            return [os.fsdecode(name) for name in raw.split(b"\0") if name]
+        stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
+        with stream:
+            return [line.rstrip("\n") for line in stream if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--files-from {files_from}: {getattr(e, 'strerror', None) or e}") from None
+
+
 def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
              hidden: bool = False, null: bool = False, out: str | None = None) -> tuple[list[Item], int]:
     """(media items in one stable sorted order, count of files skipped as not media).
@@ -123,15 +138,11 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     """
     named: list[str] = []
     walked: list[tuple[str, str]] = []  # (path, path relative to its root: what globs see)
-    listed: list[str] = []
-    if files_from and null:  # bytes: no newline translation, and names that are not UTF-8 survive
-        raw = sys.stdin.buffer.read() if files_from == "-" else open(files_from, "rb").read()
-        listed = [os.fsdecode(name) for name in raw.split(b"\0") if name]
-    elif files_from:
-        stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
-        with stream:
-            listed = [line.rstrip("\n") for line in stream if line.strip()]
+    listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []
+    for root in roots:
+        if not os.path.lexists(root):  # a typo on the command line, not a file that vanished: say so now
+            raise UsageError(f"{root}: no such file or folder")
     for root in [*roots, *listed]:
         if os.path.isdir(root):
             walked += [(p, os.path.relpath(p, root), root) for p in walk(root, hidden, unlisted, skip=out)]

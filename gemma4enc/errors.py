@@ -1,8 +1,13 @@
-"""Errors that end a run: before it starts (exit code 2) or when its output cannot be written (4)."""
+"""Errors that end a run: before it starts (exit code 2), after too many failures (3), or when its
+output cannot be written (4)."""
 
 
 class UsageError(Exception):
     """A bad flag, model, device or output folder: one line for the user, exit code 2."""
+
+
+class TooManyFailures(Exception):
+    """--max-failures was exceeded: the run stops after saving what it finished (exit 3)."""
 
 
 class OutputError(Exception):

@@ -284,3 +284,14 @@ def open_tower(options: Options, device: str | None = None):
     if options.compile:
         tower.compile()
     return tower, dtype, resolve_batching(options.batching, tower.device)
+
+
+def resolve_dtype(options: Options) -> str:
+    """--dtype auto → the dtype this run's towers will run in, decided once before the run so that
+    settings.json records it and every tower (every Ray actor too) uses the same one."""
+    if options.dtype != "auto":
+        return options.dtype
+    if options.engine == "ray" and options.device in ("cpu", "cuda"):
+        return dtype_name("auto", torch.device(options.device))  # the actors' device, not this one's
+    # the local engine's first device; a private Ray runs on this machine, so --device auto is this one's too
+    return dtype_name("auto", parse_device(devices(options)[0]))

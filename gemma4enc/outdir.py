@@ -17,9 +17,9 @@ from pathlib import Path
 from .discover import Item
 from .errors import UsageError
 from .options import Options
+from .preflight import SETTINGS  # noqa: F401 - kept where the CLI can read it without torch
 from .shards import MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write, read_manifest, temp_name
 
-SETTINGS = "settings.json"
 LOCK = "gemma4enc.lock"
 LOST = "shard_lost"  # a row whose shard went missing or unreadable: always encoded again
 

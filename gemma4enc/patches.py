@@ -14,7 +14,7 @@ from PIL import Image
 
 PATCH = 16  # pixels per patch side
 POOL = 3  # k: k×k patches pool into one soft token
-SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
+SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the soft-token budgets Gemma 4's processor knows (Options checks them)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from .options import Options
-from .outdir import SETTINGS
+
+SETTINGS = "settings.json"  # OUT's record of the settings that shape the output (outdir writes it)
 
 # settings.json key → the encode parameter it stands for (sampling: frames, fps and max_frames, each on its own)
 FLAGS = ("model", "dtype", "image_tokens", "video_tokens", "resize", "seek", "out_dtype", "pooled")

@@ -17,8 +17,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .decode import Sampling
 from .discover import Item
 from .errors import UsageError
+from .options import Options
 from .outdir import SETTINGS, running
 from .shards import MANIFEST, OUT_DTYPES, SHARD_RE, TEMP_RE, read_manifest
 
@@ -26,9 +28,9 @@ CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stay
 OFFSETS = ("item_offsets", "frame_offsets", "item_frames")
 
 
-def plan_report(items: list[Item], image_tokens: int, video_tokens: int, sampling, hidden: int,
-                out_dtype: str) -> dict:
-    """Dry run from headers only: no pixels decoded, no model loaded. `sampling`: a decode.Sampling."""
+def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
+    """Dry run from headers only: no pixels decoded, no model loaded. With --fps a video's frame
+    count is estimated from its duration."""
     from PIL import Image
 
     from .patches import POOL, target_size
@@ -41,14 +43,14 @@ def plan_report(items: list[Item], image_tokens: int, video_tokens: int, samplin
             if item.kind == "image":
                 with Image.open(item.path) as im:
                     size, count = im.size, 1
-                budget = image_tokens
+                budget = options.image_tokens
             elif item.kind == "video":
                 import av
 
                 with av.open(item.path) as c:
                     s = c.streams.video[0]
-                    size, count = (s.width, s.height), _frame_count(sampling, s, c)
-                budget = video_tokens
+                    size, count = (s.width, s.height), _video_frames(options.sampling, s)
+                budget = options.video_tokens
             else:
                 continue
             h, w = target_size(size[1], size[0], budget)
@@ -58,12 +60,24 @@ def plan_report(items: list[Item], image_tokens: int, video_tokens: int, samplin
             continue
         buckets[n] += count
         tokens += count * n // (POOL * POOL)
-    width = OUT_DTYPES[out_dtype].itemsize
+    width = OUT_DTYPES[options.out_dtype].itemsize
     return {
         "files": len(items), "by_kind": dict(kinds), "unreadable": unreadable, "tower_items": sum(buckets.values()),
         "distinct_patch_counts": len(buckets), "largest_buckets": dict(buckets.most_common(8)),
         "tokens": tokens, "output_bytes": tokens * hidden * width,
     }
+
+
+def _video_frames(sampling: Sampling, stream) -> int:
+    """Frames `sampling` takes from a video stream, from its header: --frames, or --fps over its duration."""
+    total = stream.frames or 0
+    if sampling.fps is None:
+        return min(sampling.frames or 32, total or sampling.frames or 32)
+    seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0
+    if stream.average_rate:
+        seconds -= 1 / float(stream.average_rate)  # sampling runs to the last frame's start, not the stream's end
+    count = min(sampling.max_frames, int(max(seconds, 0.0) * sampling.fps + 1e-6) + 1)
+    return min(count, total) if total else count
 
 
 def _output_folder(out: Path) -> Path:
@@ -75,14 +89,6 @@ def _output_folder(out: Path) -> Path:
 
 def _settings(out: Path) -> dict | None:
     return json.loads((out / SETTINGS).read_text()) if (out / SETTINGS).exists() else None
-
-
-def _frame_count(sampling, stream, container) -> int:
-    """Frames encode will take, from the header: --frames of the stream's, or --fps over its duration."""
-    if sampling.fps is None:
-        return min(sampling.frames, stream.frames or sampling.frames)
-    seconds = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
-    return max(1, min(sampling.max_frames, int(seconds * sampling.fps) + 1))
 
 
 def inspect_report(out: Path) -> dict:

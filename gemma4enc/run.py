@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import replace
 from pathlib import Path
 
 from .discover import Item
 from .engines import Run
-from .errors import UsageError, first_lines
+from .errors import TooManyFailures, UsageError, first_lines
+from .model import resolve_dtype
 from .options import Options
 from .outdir import Lock, describe, prepare_out, still_to_do, write_settings
-from .shards import MANIFEST, read_manifest
+from .shards import MANIFEST, read_manifest, reason
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False) -> dict:
@@ -19,23 +22,23 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     out = Path(out)
     log = log or (lambda message: None)
     options, extra = preflight(options)  # before OUT is touched
+    options = replace(options, dtype=resolve_dtype(options))  # auto decided once: recorded and used alike
     created = not out.exists()
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
-    try:
-        with Lock(out) as lock:
+        with _locked(out) as lock:
             if lock.previous:
                 log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
             for note in prepare_out(out, options, overwrite, extra):
                 log(note)
             todo = still_to_do(items, out, options)
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
-            summary = _engine(options.engine)(todo, Run(out, options, bar, log, done=len(items) - len(todo),
-                                                        ready=ready))
+            try:
+                summary = _engine(options.engine)(todo, Run(out, options, bar, log, done=len(items) - len(todo),
+                                                            ready=ready))
+            except TooManyFailures as e:
+                raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
     except UsageError:
-        if created and not any(out.iterdir()):
+        if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # the folder this run made for nothing
         raise
     rows = read_manifest(out)
@@ -50,6 +53,21 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
         "patches_per_s": round(summary.patches / summary.seconds, 1) if summary.seconds else None,
         "engine": options.engine, **summary.where,
     }
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    """OUT made and locked; a folder we cannot write to (read-only, immutable, full) is a usage error."""
+    lock = Lock(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except OSError as e:
+        raise UsageError(f"cannot write to {out}: {reason(e)}") from None
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def _engine(name: str):

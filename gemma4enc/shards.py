@@ -59,6 +59,19 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+def reason(e: Exception) -> str:
+    """An OSError's or a SafetensorError's reason in words. A SafetensorError has no strerror: it
+    wraps the OS error in its message ("Error while serializing: I/O error: No space left on device
+    (os error 28)")."""
+    found = re.search(r'([^:"]+) \(os error \d+\)', str(e))
+    return getattr(e, "strerror", None) or (found and found.group(1).strip()) or str(e).splitlines()[0]
+
+
+def output_error(what: str, out: Path, e: Exception) -> OutputError:
+    return OutputError(f"cannot write {what} in {out}: {reason(e)}; the files finished before are saved, "
+                       "re-run to resume once it is writable")
+
+
 def atomic_write(path: Path, write) -> None:
     """write(tmp_path), then fsync and rename into place: readers never see half a file."""
     tmp = path.with_name(temp_name(path.name))
@@ -192,9 +205,7 @@ class ShardWriter:
                     p.row.update(shard=name, index=index)
             self.on_rows([p.row for p in pending])
         except (OSError, SafetensorError) as e:
-            what = f"{name} or {MANIFEST}" if ok else MANIFEST
-            raise OutputError(f"cannot write {what} in {self.out}: {e.strerror or e}; the files finished "
-                              "before are saved, re-run to resume once it is writable") from None
+            raise output_error(f"{name} or {MANIFEST}" if ok else MANIFEST, self.out, e) from None
 
     def _stack(self, ok: list[Pending]) -> dict[str, torch.Tensor]:
         frames = [f for p in ok for f in p.frames]

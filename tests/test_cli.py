@@ -37,6 +37,9 @@ def media(tmp_path_factory):
 
 def encode(args, input=None):
     result = RUN.invoke(app, ["encode", *map(str, args)], input=input)
+    # every way out is an exit code: no exception, no traceback escapes, whatever the code
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output, result.output
     return result
 
 

@@ -112,14 +112,12 @@ def test_ray_equals_local_and_resumes_what_is_left(media, ckpt, local, tmp_path)
 
     orphan = out / "shard-0123456789abcdef-000.safetensors"  # what a driver killed mid-task leaves
     orphan.write_bytes((out / sorted(ray_shards)[0]).read_bytes())
-    start = time.perf_counter()
     again = encode([media, "-o", out, "--model", ckpt, *BASE, *RAY, "--retry-failed"])
     assert json.loads(again.stdout)["encoded"] == 0 and json.loads(again.stdout)["by_status"] == {"decode_error": 1}
     nothing = encode([media, "-o", out, "--model", ckpt, *BASE, *RAY])
     assert nothing.exit_code == 0 and json.loads(nothing.stdout)["done_before"] == len(files)
     assert "ray_actors" not in json.loads(nothing.stdout)  # nothing to do: Ray was not started
-    assert not orphan.exists() and verify(out)["ok"]
-    assert time.perf_counter() - start < 120
+    assert not orphan.exists() and verify(out)["ok"]  # (no clock: "encoded == 0" says nothing was redone)
 
 
 def test_a_dying_worker_is_retried_and_a_file_that_always_kills_it_is_recorded(media, ckpt, local, tmp_path,
@@ -183,17 +181,20 @@ def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_pa
 def test_pool_sizes_from_the_cluster():
     from gemma4enc.engines.ray import plan_pool
 
-    gpu = plan_pool({"GPU": 4, "CPU": 32}, Options())
+    def ray(**kw):  # the pool is planned for --engine ray, which Options now requires of --ray-actors
+        return Options(engine="ray", **kw)
+
+    gpu = plan_pool({"GPU": 4, "CPU": 32}, ray())
     assert (gpu.actors, gpu.gpus, gpu.cpus, gpu.device) == (4, 1, 8, "cuda")  # 7 decode workers each
-    assert plan_pool({"GPU": 4, "CPU": 32}, Options(ray_actors=2, workers=3)).cpus == 4
-    cpu = plan_pool({"GPU": 4, "CPU": 6}, Options(device="cpu", workers=1))
+    assert plan_pool({"GPU": 4, "CPU": 32}, ray(ray_actors=2, workers=3)).cpus == 4
+    cpu = plan_pool({"GPU": 4, "CPU": 6}, ray(device="cpu", workers=1))
     assert (cpu.actors, cpu.gpus, cpu.cpus, cpu.device) == (3, 0, 2, "cpu")
     with pytest.raises(UsageError, match="the Ray cluster has 4"):
-        plan_pool({"GPU": 4, "CPU": 64}, Options(ray_actors=5))
+        plan_pool({"GPU": 4, "CPU": 64}, ray(ray_actors=5))
     with pytest.raises(UsageError, match="need 6 CPUs"):
-        plan_pool({"CPU": 4}, Options(device="cpu", ray_actors=3, workers=1))
+        plan_pool({"CPU": 4}, ray(device="cpu", ray_actors=3, workers=1))
     with pytest.raises(UsageError, match="--device auto, cuda or cpu"):
-        plan_pool({"GPU": 2, "CPU": 8}, Options(device="cuda:1"))
+        plan_pool({"GPU": 2, "CPU": 8}, ray(device="cuda:1"))
 
 
 def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats():

@@ -36,12 +36,16 @@ from ..discover import Item
 from ..errors import OutputError, UsageError
 from ..options import Options
 from ..pipeline import Progress, Summary, failed_row
-from ..shards import SHARD_RE, append_rows
+from ..shards import MANIFEST, SHARD_RE, append_rows, output_error
 from . import Run
 
 RETRIES = 2  # Ray's retries of a task whose actor died, before the driver splits the task up
 # Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
-LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+             # a worker process on a busy machine may take minutes to start; Ray's 60 s would kill it
+             "RAY_worker_register_timeout_seconds": "600"}
+START_S = "GEMMA4ENC_RAY_START_S"  # seconds the first actor may take to start (imports, tower load)
+START_DEFAULT_S = 900.0  # generous: a loaded 2-core machine took minutes; a real failure is told at once
 DIED = f"its Ray worker died {RETRIES + 1} times in a row encoding it, alone too (out of memory or a crash; see Ray's logs)"
 
 
@@ -212,7 +216,10 @@ def encode(todo: list[Item], run: Run) -> Summary:
         run.log(f"{run.done + len(todo)} files, {run.done} already done; Ray ({options.ray_address or 'local'}): "
                 f"{pool.actors} actor(s) on {pool.device}, {pool.cpus} CPU(s) each, "
                 f"tasks of {options.task_files} files")
-        driver = _Driver(ray, run, pool, Summary(), run.bar(len(todo)))
+        took = _first_actor_start(ray, run, pool)
+        _wait_for_actors(ray, max(60.0, 3 * took * pool.actors))  # they share the CPUs: at worst one by one
+        run.log(f"a Ray actor started in {took:.1f} s")
+        driver = _Driver(ray, run, pool, Summary(), run.bar(len(todo)), took)
         start = time.perf_counter()
         try:
             lost = driver.round(make_tasks(todo, options.task_files))
@@ -232,6 +239,38 @@ def encode(todo: list[Item], run: Run) -> Summary:
     return summary
 
 
+def _first_actor_start(ray, run: Run, pool: Pool) -> float:
+    """Start one actor as the pool will (its resources, its constructor: imports and the tower) and
+    time it, so the pool's wait is measured on this machine, not guessed. Seconds it took."""
+    limit = float(os.environ.get(START_S) or START_DEFAULT_S)
+    actor_class = ray.remote(num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=0)(TaskEncoder)
+    start = time.perf_counter()
+    actor = actor_class.remote(run.options, str(run.out))
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=limit)
+    except ray.exceptions.GetTimeoutError:
+        raise UsageError(f"a Ray actor did not start in {limit:.0f} s ({pool.cpus} CPU(s)"
+                         f"{' and a GPU' if pool.gpus else ''} each: the machine is too busy or the cluster "
+                         f"has no room); set {START_S} to wait longer") from None
+    except ray.exceptions.RayError as e:
+        raise UsageError(f"a Ray actor could not start: {_first_line(e)}") from None
+    finally:
+        ray.kill(actor)
+    return time.perf_counter() - start
+
+
+def _first_line(e: Exception) -> str:
+    """The innermost reason of a Ray error (its text holds the actor's whole traceback)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return next((line for line in reversed(lines) if "Error" in line.split(":")[0]), lines[-1] if lines else "")
+
+
+def _wait_for_actors(ray, seconds: float) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ray.data.DataContext.get_current().wait_for_min_actors_s = int(seconds) + 1
+
+
 @dataclass
 class _Driver:
     """The driver's side of a run: hands tasks to the actor pool and lands their rows in the manifest."""
@@ -241,6 +280,7 @@ class _Driver:
     pool: Pool
     summary: Summary
     progress: Progress
+    start_s: float  # what one actor took to start, measured
 
     def round(self, tasks: list[dict]) -> list[dict]:
         """Run tasks through the actor pool, recording each one's rows as it returns.
@@ -256,15 +296,13 @@ class _Driver:
                 compute=ray.data.ActorPoolStrategy(size=min(pool.actors, len(tasks)), max_tasks_in_flight_per_actor=1),
                 num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=-1, max_task_retries=RETRIES)
         errors: dict[str, str] = {}
-        for row in ds.iter_rows():
-            error = str(row["error"])
-            if error.startswith("output: "):
-                raise OutputError(error.removeprefix("output: "))
-            if error:
-                errors[str(row["id"])] = error
-                continue
-            errors[str(row["id"])] = ""
-            self.record(json.loads(str(row["rows"])), int(row["patches"]))
+        try:
+            for row in ds.iter_rows():
+                self._take(row, errors)
+        except ray.exceptions.GetTimeoutError:
+            wait = ray.data.DataContext.get_current().wait_for_min_actors_s
+            raise UsageError(f"{pool.actors} Ray actors did not start in {wait} s, though one alone took "
+                             f"{self.start_s:.1f} s: the machine is too busy") from None
         lost = [t | {"error": errors.get(t["id"]) or DIED} for t in tasks if errors.get(t["id"]) != ""]
         for t in lost:  # a task that died after writing a shard, before its rows came back
             for p in out.glob(f"shard-{t['id']}-*.safetensors"):
@@ -272,8 +310,20 @@ class _Driver:
                     p.unlink(missing_ok=True)
         return lost
 
+    def _take(self, row: dict, errors: dict[str, str]) -> None:
+        """One task's result: its rows recorded, or its error kept for the retry."""
+        error = str(row["error"])
+        if error.startswith("output: "):
+            raise OutputError(error.removeprefix("output: "))
+        errors[str(row["id"])] = error
+        if not error:
+            self.record(json.loads(str(row["rows"])), int(row["patches"]))
+
     def record(self, rows: list[dict], patches: int) -> None:
-        append_rows(self.run.out, rows)
+        try:
+            append_rows(self.run.out, rows)
+        except OSError as e:
+            raise output_error(MANIFEST, self.run.out, e) from None
         self.summary.record(rows, patches)
         self.progress.advance(len(rows), patches)
         self.summary.check(self.run.options.max_failures)

@@ -1,0 +1,159 @@
+"""Every way out of the CLI is its documented exit code and one line, through the real CLI:
+bad flags before anything heavy is imported, a full disk and a read-only OUT on real mounts,
+an interrupt, a bug; --json prints an object on every exit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gemma4enc.cli import app
+
+from .corpus import good_media
+from .test_cli import BASE, shard_tokens
+
+RUN = CliRunner()
+CLI = [sys.executable, "-m", "gemma4enc"]
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return good_media(tmp_path_factory.mktemp("good") / "media")
+
+
+def test_bad_flags_exit_2_with_one_line_before_torch_is_imported(good, tmp_path):
+    """Checked in one process: none of these may import torch or transformers, or load a model."""
+    (tmp_path / "list.txt").write_text(str(good / "photo0.jpg"))
+    cases = [["--batching", "fast"], ["--shard-size", "1.2.3"], ["--shard-size", "."], ["--shard-size", "0"],
+             ["--max-batch-patches", "0"], ["--max-soft-tokens", "100"], ["--files-from", str(tmp_path / "missing.txt")],
+             ["--device", "gpu"], ["--engine", "spark"], ["--ray-actors", "2"]]
+    runs = [[str(good), "-o", str(tmp_path / "out"), *c, "--json"] for c in cases]
+    runs.append([str(tmp_path / "medai"), "-o", str(tmp_path / "out"), "--json"])  # a mistyped root
+    code = f"""
+import contextlib, io, json, sys
+from gemma4enc.cli import main
+results = []
+for args in {runs!r}:
+    sys.argv = ["gemma4enc", "encode", *args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main()
+        except SystemExit as e:
+            results.append([e.code, out.getvalue(), err.getvalue()])
+heavy = sorted(m for m in ("torch", "transformers", "safetensors") if m in sys.modules)
+print(json.dumps({{"results": results, "heavy": heavy}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["heavy"] == []
+    assert len(report["results"]) == len(runs)
+    for args, (exit_code, stdout, stderr) in zip(runs, report["results"]):
+        assert exit_code == 2, (args, stderr)
+        lines = stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("gemma4enc: error: "), (args, stderr)
+        assert json.loads(stdout) == {"error": lines[0].removeprefix("gemma4enc: error: "), "exit_code": 2}
+    assert not (tmp_path / "out").exists()  # nothing was written
+
+
+def test_an_interrupt_and_a_bug_get_their_codes_and_json(good, ckpt, tmp_path, monkeypatch):
+    import gemma4enc.run
+
+    args = ["encode", str(good), "-o", str(tmp_path / "out"), "--model", str(ckpt), "--json", "-q"]
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    def buggy(*a, **k):
+        raise RuntimeError("something nobody foresaw\nsecond line")
+
+    monkeypatch.setattr(gemma4enc.run, "encode_files", interrupted)
+    result = RUN.invoke(app, args)
+    assert result.exit_code == 130 and "re-run to resume" in result.output
+    assert json.loads(result.stdout)["exit_code"] == 130
+    monkeypatch.setattr(gemma4enc.run, "encode_files", buggy)
+    for debug in ("", "1"):
+        monkeypatch.setenv("GEMMA4ENC_DEBUG", debug)
+        result = RUN.invoke(app, args)
+        assert result.exit_code == 70 and isinstance(result.exception, SystemExit)
+        assert "internal error: RuntimeError: something nobody foresaw (a bug; GEMMA4ENC_DEBUG=1" in result.output
+        assert ("Traceback" in result.output) == (debug == "1") and "second line" not in result.stdout
+        assert json.loads(result.stdout)["exit_code"] == 70
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, size: str):
+    """A real small filesystem at `where` (root only); the test is skipped where mounting is refused."""
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True,
+                       capture_output=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {e}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+def _encode(*args):
+    return subprocess.run([*CLI, "encode", *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def test_disk_full_mid_run_exits_4_with_one_line_and_a_rerun_resumes(good, ckpt, tmp_path):
+    """A real full filesystem: safetensors' own error (no strerror) and the manifest's OSError alike."""
+    clean = tmp_path / "clean"
+    args = ["--model", ckpt, *BASE, "--shard-size", "1", "--flush-seconds", "0.1"]
+    assert _encode(good, "-o", clean, *args).returncode == 0
+    written = sum(p.stat().st_size for p in clean.iterdir())
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        filler = disk / "filler"  # ours, not OUT's: leaves room for about half the output
+        filler.write_bytes(b"\0" * (free - written // 2))
+        out = disk / "out"
+        full = _encode(good, "-o", out, *args)
+        assert full.returncode == 4, full.stderr
+        lines = full.stderr.splitlines()
+        assert len(lines) == 1 and "No space left on device" in lines[0] and "re-run to resume" in lines[0], lines
+        assert json.loads(full.stdout) == {"error": lines[0].removeprefix("gemma4enc: error: "), "exit_code": 4}
+        assert 0 < len((out / "manifest.jsonl").read_text().splitlines()) < 6  # some files landed, not all
+        filler.unlink()
+        again = _encode(good, "-o", out, *args)
+        assert again.returncode == 0, again.stderr
+        a, b = shard_tokens(clean)[1], shard_tokens(out)[1]
+        assert {Path(p).name for p in a} == {Path(p).name for p in b}
+        by_name = {Path(p).name: t for p, t in b.items()}
+        assert all(torch.equal(t, by_name[Path(p).name]) for p, t in a.items())
+
+
+def test_a_read_only_out_is_a_usage_error(good, ckpt, tmp_path):
+    with tmpfs(tmp_path / "ro", "1m") as ro:
+        (ro / "out").mkdir()
+        remount = subprocess.run(["mount", "-o", "remount,ro", str(ro)], capture_output=True, timeout=30)
+        if remount.returncode:
+            pytest.skip(f"cannot remount read-only here: {remount.stderr.strip()}")
+        result = _encode(good, "-o", ro / "out", "--model", ckpt, *BASE)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [f"gemma4enc: error: cannot write to {ro / 'out'}: Read-only file system"]
+        assert json.loads(result.stdout)["exit_code"] == 2
+
+
+def test_safetensors_errors_read_as_the_os_error_they_wrap(tmp_path):
+    """safetensors raises SafetensorError, which has no strerror: a real one from a full tmpfs."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    from gemma4enc.shards import reason
+
+    with tmpfs(tmp_path / "tiny", "64k") as tiny, pytest.raises(SafetensorError) as e:
+        save_file({"t": torch.zeros(1 << 18)}, str(tiny / "x.safetensors"))
+    assert not hasattr(e.value, "strerror") and reason(e.value) == "No space left on device"
