@@ -188,8 +188,8 @@ def encode(
 ):
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     from .discover import discover
-    from .errors import OutputError
-    from .pipeline import TooManyFailures
+    from .errors import OutputError, TooManyFailures
+    from .ledger import Ledger
     from .run import encode_files
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
@@ -204,9 +204,11 @@ def encode(
                            ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
+        ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
+        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden,
+                                  known=ledger.known_kind)
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet), log=None if quiet else _log,
-                              overwrite=overwrite)
+                              overwrite=overwrite, ledger=ledger)
     except UsageError as e:
         fail(str(e))
     except TooManyFailures as e:
@@ -302,6 +304,28 @@ def verify(out: OutFolder, json_out: Json = False):
             typer.echo(f"warning: {line}")
         typer.echo("ok" if report["ok"] else f"{len(report['problems'])} problem(s)")
     raise typer.Exit(0 if report["ok"] else 1)
+
+
+@app.command()
+def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help="Also drop the rows and tokens of inputs that no longer exist.")] = False,
+            json_out: Json = False):
+    """Rewrite the manifest with one row per file (the latest), under OUT's lock."""
+    from .outdir import Lock, compact as rewrite, repair
+
+    def run(folder: Path) -> dict:
+        if not (folder / "manifest.jsonl").exists():
+            raise UsageError(f"{folder}: no manifest.jsonl; is this a gemma4enc output folder?")
+        with Lock(folder):
+            notes = repair(folder)
+            return rewrite(folder, prune=prune) | {"notes": notes}
+
+    report = _read(run, out)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(f"{report['out']}: {report['rows_before']} rows → {report['rows_after']}; pruned "
+                   f"{report['pruned']} file(s), {report['pruned_tokens']:,} tokens, {report['shards_rewritten']} "
+                   "shard(s) rewritten")
 
 
 @app.command()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 import sys
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
               ".pgm", ".pbm", ".ico", ".tga"}
@@ -15,7 +16,7 @@ VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", 
 SNIFF_BYTES = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million of them fit in ~100 MB
 class Item:
     path: str  # absolute path, symlinks not resolved: the name the user knows
     kind: str  # "image" | "video" | "unknown"
@@ -55,12 +56,22 @@ def kind_of(path: str, head: bytes) -> str:
     return "unknown"
 
 
-def look(path: str) -> Item:
-    """stat + sniff one path; failures become an Item with `error`, never an exception."""
+# (path, size, mtime_ns) → the kind its manifest row records, or None: such a file is not opened
+Known = Callable[[str, int, int], "str | None"]
+
+
+def look(path: str, known: Known | None = None) -> Item:
+    """stat + sniff one path; failures become an Item with `error`, never an exception.
+
+    A file `known` recognises (same size and mtime as its row) is only stat'ed: a re-run over
+    a million known files costs a million stats, not a million opens."""
     try:
         st = os.stat(path)
-        if not os.path.isfile(path):  # a FIFO or device is never opened: reading one could hang
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
             return Item(path, _ext_kind(path), 0, 0, error="not a regular file")
+        kind = known(path, st.st_size, st.st_mtime_ns) if known else None
+        if kind:
+            return Item(path, kind, st.st_size, st.st_mtime_ns)
         with open(path, "rb") as f:
             head = f.read(SNIFF_BYTES)
     except FileNotFoundError:
@@ -106,12 +117,12 @@ def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None =
 
 
 def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
-             hidden: bool = False) -> tuple[list[Item], int]:
+             hidden: bool = False, known: Known | None = None) -> tuple[list[Item], int]:
     """(media items in one stable sorted order, count of files skipped as not media).
 
     Files named explicitly (a root that is a file, or a --files-from line) are always kept,
     so an unsupported one gets a row saying so; files found by walking are kept only when
-    they look like media.
+    they look like media. `known`: see look().
     """
     named: list[str] = []
     walked: list[tuple[str, str]] = []  # (path, path relative to its root: what globs see)
@@ -122,7 +133,9 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     unlisted: list[tuple[str, str]] = []
     for root in roots:
         if os.path.isdir(root):
-            walked += [(p, os.path.relpath(p, root)) for p in walk(root, hidden, unlisted)]
+            root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
+            globs = include or exclude
+            walked += [(p, os.path.relpath(p, root) if globs else p) for p in walk(root, hidden, unlisted)]
         else:
             named.append(root)
     items: dict[str, Item] = {}
@@ -130,11 +143,12 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
         path = os.path.abspath(path)
         items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}")
     skipped = 0
-    candidates = [(p, p, True) for p in named] + [(p, rel, False) for p, rel in walked]
+    candidates = [(os.path.abspath(p), p, True) for p in named] + [(p, rel, False) for p, rel in walked]
+    include, exclude = list(include), list(exclude)
     for path, rel, explicit in candidates:
-        if not _matches(rel, list(include), list(exclude)):
+        if (include or exclude) and not _matches(rel, include, exclude):
             continue
-        item = look(os.path.abspath(path))
+        item = look(path, known)
         if item.kind == "unknown" and not explicit:
             skipped += 1
             continue

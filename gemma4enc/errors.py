@@ -9,6 +9,10 @@ class OutputError(Exception):
     """The output folder stopped taking writes mid-run (disk full, permissions): exit code 4."""
 
 
+class TooManyFailures(Exception):
+    """--max-failures was exceeded: the run stops after saving what it finished (exit 3)."""
+
+
 def first_lines(messages: list[str], limit: int = 3) -> str:
     """'a; b; c … (N more)' for reports of many failures."""
     shown = "; ".join(messages[:limit])

@@ -17,11 +17,14 @@ from pathlib import Path
 from .discover import Item
 from .errors import UsageError
 from .options import Options
-from .shards import MANIFEST, SHARD_RE, append_rows, atomic_write, read_manifest
+from .ledger import MANIFEST, SHARD_RE, Ledger, append_rows, atomic_write, line_of
 
 SETTINGS = "settings.json"
 LOCK = "gemma4enc.lock"
 TEMP_SUFFIX = ".tmp"
+# a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
+# then the rewrite costs no more than the rows appended since the last one
+AUTO_COMPACT_ROWS = 100_000
 
 
 class Lock:
@@ -104,10 +107,11 @@ def ours(out: Path) -> list[Path]:
             or (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))]
 
 
-def prepare_out(out: Path, options: Options, overwrite: bool = False) -> list[str]:
+def prepare_out(out: Path, options: Options, overwrite: bool = False, ledger: Ledger | None = None) -> list[str]:
     """Prove OUT writable, check or write its settings, clear a killed run's leftovers.
 
-    Call with the lock held. Returns notes for the log (what was cleaned up).
+    Call with the lock held; `ledger` (OUT's manifest, read before the lock was taken) is brought
+    up to date. Returns notes for the log (what was cleaned up).
     """
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -136,24 +140,23 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False) -> list[st
                              "or --overwrite to replace its contents")
     else:
         atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
-    return notes + repair(out)
+    return notes + repair(out, ledger)
 
 
-def repair(out: Path) -> list[str]:
+def repair(out: Path, ledger: Ledger | None = None) -> list[str]:
     """Undo what a kill can leave: a torn last manifest line, temp files, shards no row names."""
     notes = []
+    ledger = (ledger or Ledger(out)).refresh()  # stops before a torn last line: ledger.end is where it starts
     manifest = out / MANIFEST
-    if manifest.exists():
-        data = manifest.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(manifest, "rb+") as f:  # the next append must start on a line of its own
-                f.truncate(data.rfind(b"\n") + 1)
-                os.fsync(f.fileno())
-            notes.append("dropped a torn last line of the manifest (its file will be encoded again)")
+    if manifest.exists() and manifest.stat().st_size > ledger.end:
+        with open(manifest, "rb+") as f:  # the next append must start on a line of its own
+            f.truncate(ledger.end)
+            os.fsync(f.fileno())
+        notes.append("dropped a torn last line of the manifest (its file will be encoded again)")
     temps = [p for p in out.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)]
     for p in temps:
         p.unlink(missing_ok=True)
-    named = {r.get("shard") for r in read_manifest(out).values()}  # shards only older rows name are dead too
+    named = ledger.shards()  # shards only older rows name are dead too
     orphans = [p for p in out.iterdir() if SHARD_RE.match(p.name) and p.name not in named]
     for p in orphans:
         p.unlink(missing_ok=True)
@@ -162,19 +165,19 @@ def repair(out: Path) -> list[str]:
     return notes
 
 
-def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
+def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger | None = None) -> list[Item]:
     """Files without a row for their current content: new, changed, or failed with --retry-failed.
 
     Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
     only touched (same sha256) keeps its tokens and gets a refreshed row instead of a re-encode.
     """
-    rows = read_manifest(out)
+    ledger = ledger or Ledger.load(out)
     todo, refreshed = [], []
     for item in items:
-        row = rows.get(item.path)
-        if row is None or row.get("size") != item.size or (options.retry_failed and row["status"] != "ok"):
+        row = ledger.get(item.path)
+        if row is None or row.size != item.size or (options.retry_failed and row.status != "ok"):
             todo.append(item)
-        elif options.hash and row["status"] == "ok" and not item.error:
+        elif options.hash and row.status == "ok" and not item.error:
             from .workers import sha256
 
             try:
@@ -182,11 +185,80 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
             except OSError:
                 todo.append(item)  # let decode say why it cannot be read
                 continue
-            if digest != row.get("sha256"):
+            if digest != ledger.digest(item.path):
                 todo.append(item)
-            elif row.get("mtime_ns") != item.mtime_ns:
-                refreshed.append(row | {"mtime_ns": item.mtime_ns})
-        elif row.get("mtime_ns") != item.mtime_ns:
+            elif row.mtime_ns != item.mtime_ns:
+                refreshed.append(ledger.row(item.path) | {"mtime_ns": item.mtime_ns})
+        elif row.mtime_ns != item.mtime_ns:
             todo.append(item)
     append_rows(out, refreshed)
     return todo
+
+
+def maybe_compact(out: Path, ledger: Ledger) -> str | None:
+    """Compact once the manifest is mostly superseded rows (call under the lock, at the end of a run)."""
+    dead = ledger.superseded + ledger.unreadable
+    if dead < max(AUTO_COMPACT_ROWS, len(ledger)):
+        return None
+    report = compact(out, ledger)
+    return f"compacted {MANIFEST}: {report['rows_before']} rows → {report['rows_after']}"
+
+
+def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dict:
+    """Rewrite the manifest with each file's latest row only; with prune, only files that still exist.
+
+    Call under the lock. Pruned files' tokens go too: each shard holding one is copied without
+    it under a new name first, then the manifest is replaced (temp, fsync, rename), then the old
+    shards are removed. A kill at any point leaves a valid folder (at worst unnamed shards, which
+    the next run clears).
+    """
+    out = Path(out)
+    ledger = (ledger or Ledger(out)).refresh()
+    if not ledger.path.exists():
+        raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
+    gone = {ledger.get(p).offset: p for p in ledger if not os.path.exists(p)} if prune else {}
+    moved, replaced = _rewrite_shards(out, ledger, gone) if gone else ({}, [])
+    live = ledger.live_offsets()
+
+    def write(tmp: Path) -> None:
+        with open(ledger.path, "rb") as src, open(tmp, "wb") as dst:
+            offset, at = 0, 0
+            for line in src:
+                if offset >= ledger.end:
+                    break  # a torn tail; under the lock nothing else is appended
+                if at < len(live) and offset == live[at]:
+                    at += 1
+                    if offset in moved:
+                        dst.write(line_of(json.loads(line) | moved[offset]))
+                    elif offset not in gone:
+                        dst.write(line)
+                offset += len(line)
+
+    before = ledger.lines
+    atomic_write(ledger.path, write)
+    for name in replaced:
+        (out / name).unlink(missing_ok=True)
+    tokens = sum(ledger.get(p).tokens for p in gone.values())
+    ledger.refresh()  # the manifest is a new file now: read anew
+    return {"out": str(out), "rows_before": before, "rows_after": len(ledger), "pruned": len(gone),
+            "pruned_tokens": tokens, "shards_rewritten": len(replaced)}
+
+
+def _rewrite_shards(out: Path, ledger: Ledger, gone: dict[int, str]) -> tuple[dict[int, dict], list[str]]:
+    """Copy every shard that holds a pruned file without it; (offset → new shard/index, old shard names)."""
+    from .shards import LOCAL_NAME, next_shard_number, rewrite_shard
+
+    by_shard: dict[str, list[tuple[int, int]]] = {}
+    for _, e in ledger.entries():
+        if e.shard and e.index >= 0:
+            by_shard.setdefault(e.shard, []).append((e.index, e.offset))
+    hit = sorted({ledger.get(p).shard for p in gone.values()} & set(by_shard))
+    moved, number = {}, next_shard_number(out)
+    for name in hit:
+        kept = sorted((i, off) for i, off in by_shard[name] if off not in gone)
+        if kept:
+            new = LOCAL_NAME.format(number)
+            number += 1
+            rewrite_shard(out / name, [i for i, _ in kept], out / new)
+            moved.update({off: {"shard": new, "index": j} for j, (_, off) in enumerate(kept)})
+    return moved, hit

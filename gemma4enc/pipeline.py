@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .discover import Item
+from .errors import TooManyFailures  # noqa: F401 - raised here, imported from here by the engines
 from .options import Options
 from .plan import Unit, batches
 from .shards import ShardWriter
@@ -78,10 +79,6 @@ def ok_row(d: Decoded, frames: list[torch.Tensor]) -> dict:
 def failed_row(item: Item, status: str, message: str) -> dict:
     return base_row(item) | {"status": status, "error": message, "shard": None, "index": None,
                              "tokens": 0, "frames": 0}
-
-
-class TooManyFailures(Exception):
-    """--max-failures was exceeded: the run stops after saving what it finished (exit 3)."""
 
 
 class Encoder:

@@ -8,12 +8,16 @@ from .discover import Item
 from .engines import Run
 from .errors import UsageError, first_lines
 from .options import Options
-from .outdir import Lock, describe, prepare_out, still_to_do
-from .shards import MANIFEST, read_manifest
+from .ledger import MANIFEST, Ledger
+from .outdir import Lock, describe, maybe_compact, prepare_out, still_to_do
 
 
-def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False) -> dict:
-    """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints."""
+def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
+                 ledger: Ledger | None = None) -> dict:
+    """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints.
+
+    `ledger`: OUT's manifest as discovery read it (read on here, not again from the start).
+    """
     out = Path(out)
     log = log or (lambda message: None)
     try:
@@ -23,12 +27,17 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     with Lock(out) as lock:
         if lock.previous:
             log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
-        for note in prepare_out(out, options, overwrite):
+        ledger = ledger or Ledger(out)
+        for note in prepare_out(out, options, overwrite, ledger):
             log(note)
-        todo = still_to_do(items, out, options)
-        summary = _engine(options.engine)(todo, Run(out, options, bar, log, done=len(items) - len(todo)))
-    rows = read_manifest(out)
-    failures = [f"{Path(r['path']).name}: {r['status']}" for i in todo if (r := rows.get(i.path)) and r["status"] != "ok"]
+        todo = still_to_do(items, out, options, ledger)
+        run = Run(out, options, bar, log, done=len(items) - len(todo))
+        summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run)
+        ledger.refresh()  # only the rows this run appended
+        failures = [f"{Path(i.path).name}: {r.status}" for i in todo if (r := ledger.get(i.path)) and r.status != "ok"]
+        note = maybe_compact(out, ledger)
+        if note:
+            log(note)
     if failures:
         log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
     return {
@@ -48,3 +57,19 @@ def _engine(name: str):
     else:
         from .engines.local import encode
     return encode
+
+
+def _nothing_to_do(run: Run):
+    """Every file has its row: no model, no decode workers, no Ray (and no torch import)."""
+    from types import SimpleNamespace
+
+    options = run.options
+    summary = SimpleNamespace(files=0, ok=0, failed=0, by_status={}, frames=0, tokens=0, patches=0, seconds=0.0)
+    if options.engine == "ray":
+        run.log(f"{run.done} files, all done already; Ray not started")
+        summary.where = {"ray_address": options.ray_address or "local"}
+    else:
+        run.log(f"{run.done} files, all done already; model not loaded")
+        names = ", ".join(options.devices.split(",")) if options.devices else options.device
+        summary.where = {"device": names, "dtype": options.dtype, "batching": options.batching, "max_batch_patches": 0}
+    return summary
