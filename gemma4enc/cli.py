@@ -248,23 +248,35 @@ def plan(
     hidden: Hidden = False,
     hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
     out_dtype: OutDtype = "bfloat16",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Plan only what encode -o OUT has still to do (files done there are not opened).")] = None,
     json_out: Json = False,
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     from .discover import discover
+    from .ledger import Ledger
     from .report import plan_report
 
     try:
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden)
-        report = plan_report(items, image_tokens, video_tokens, frames, hidden_size, out_dtype)
+        ledger = Ledger.load(out) if out else None
+        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden,
+                                  known=ledger.known_kind if ledger else None)
+        todo = _not_done(items, out, ledger) if ledger else items
+        report = plan_report(todo, image_tokens, video_tokens, frames, hidden_size, out_dtype)
     except UsageError as e:
         fail(str(e))
+    if ledger:
+        report["done_before"] = len(items) - len(todo)
     report["skipped_not_media"] = skipped
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
         for key, value in report.items():
             typer.echo(f"{key}: {value}")
+
+
+def _not_done(items, out: Path, ledger) -> list:
+    """The files encode -o OUT would do (by size and mtime, as a run without --hash decides)."""
+    return [i for i in items if (e := ledger.get(i.path)) is None or (e.size, e.mtime_ns) != (i.size, i.mtime_ns)]
 
 
 def _read(report_of, out: Path) -> dict:

@@ -127,7 +127,7 @@ class Ledger:
         """Read on from where the last read stopped; start over if the file was replaced or shrank."""
         try:
             st = os.stat(self.path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no manifest yet (encode says why OUT is unusable)
             self._reset(None)
             return self
         if st.st_ino != self.ino or st.st_size < self.end:

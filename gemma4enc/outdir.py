@@ -217,7 +217,7 @@ def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dic
     if not ledger.path.exists():
         raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
     gone = {ledger.get(p).offset: p for p in ledger if not os.path.exists(p)} if prune else {}
-    moved, replaced = _rewrite_shards(out, ledger, gone) if gone else ({}, [])
+    moved, replaced = _rewrite_shards(out, ledger, gone) if gone else ({}, [])  # before the manifest: see above
     live = ledger.live_offsets()
 
     def write(tmp: Path) -> None:
@@ -236,10 +236,12 @@ def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dic
 
     before = ledger.lines
     atomic_write(ledger.path, write)
-    for name in replaced:
-        (out / name).unlink(missing_ok=True)
     tokens = sum(ledger.get(p).tokens for p in gone.values())
     ledger.refresh()  # the manifest is a new file now: read anew
+    named = ledger.shards()
+    for p in out.iterdir():  # the shards pruned files left, and those only superseded rows named
+        if SHARD_RE.match(p.name) and p.name not in named:
+            p.unlink(missing_ok=True)
     return {"out": str(out), "rows_before": before, "rows_after": len(ledger), "pruned": len(gone),
             "pruned_tokens": tokens, "shards_rewritten": len(replaced)}
 

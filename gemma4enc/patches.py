@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
-from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
 
 PATCH = 16  # pixels per patch side
 POOL = 3  # k: k×k patches pool into one soft token
@@ -35,6 +34,9 @@ def target_size(height: int, width: int, max_soft_tokens: int) -> tuple[int, int
     """The processor's aspect-preserving size: sides multiples of 48 px, ≤ budget×9 patches."""
     if max_soft_tokens not in SOFT_TOKEN_BUDGETS:
         raise ValueError(f"max_soft_tokens must be one of {SOFT_TOKEN_BUDGETS}, got {max_soft_tokens}")
+    # imported here, not at the top: importing transformers costs seconds a no-op run must not pay
+    from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+
     return get_aspect_ratio_preserving_size(
         height=height,
         width=width,

@@ -1,0 +1,183 @@
+"""Re-runs over folders that are mostly done: the ledger, the no-op path, compaction and --prune."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import gemma4enc
+from gemma4enc import discover as discover_module
+from gemma4enc import outdir
+from gemma4enc.cli import app
+from gemma4enc.ledger import MANIFEST, Ledger
+
+from .conftest import photo
+from .test_cli import BASE, encode, shard_tokens
+
+RUN = CliRunner()
+
+
+def photos(root: Path, n: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        photo(60 + 8 * i, 80, seed=i).save(root / f"p{i}.jpg", quality=90)
+    return root
+
+
+@pytest.fixture()
+def done(ckpt, tmp_path):
+    """A folder of 6 photos, encoded once: (media, out, tokens by path, the run's summary)."""
+    media = photos(tmp_path / "media", 6)
+    out = tmp_path / "out"
+    result = encode([media, "-o", out, "--model", ckpt, *BASE])
+    assert result.exit_code == 0, result.output
+    return media, out, shard_tokens(out)[1], json.loads(result.stdout)
+
+
+def lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / MANIFEST).read_text().splitlines()]
+
+
+def test_a_no_op_rerun_imports_no_torch_and_starts_no_worker(done, ckpt):
+    media, out, _, first = done
+    script = (
+        "import json, multiprocessing, multiprocessing.forkserver, sys\n"
+        "from gemma4enc.cli import app\n"
+        f"args = ['encode', {str(media)!r}, '-o', {str(out)!r}, '--model', {str(ckpt)!r}, *{BASE!r}]\n"
+        "try:\n    app(args)\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules,"
+        " 'children': len(multiprocessing.active_children()),"
+        " 'forkserver': multiprocessing.forkserver._forkserver._forkserver_pid is not None}))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout[: result.stdout.rindex("\n{")])
+    facts = json.loads(result.stdout.splitlines()[-1])
+    assert facts == {"code": 0, "torch": False, "transformers": False, "children": 0, "forkserver": False}, result.stderr
+    assert summary["done_before"] == 6 and summary["encoded"] == 0 and summary["max_batch_patches"] == 0
+    assert set(summary) == set(first)  # the same shape as a run that worked
+
+
+def test_only_changed_files_are_opened_and_encoded(done, ckpt, monkeypatch):
+    media, out, before, _ = done
+    sniffed = []
+    real = discover_module.kind_of
+    monkeypatch.setattr(discover_module, "kind_of", lambda path, head: sniffed.append(path) or real(path, head))
+    photo(50, 50, seed=40).save(media / "p1.jpg", quality=90)  # changed content (size and mtime)
+    photo(70, 90, seed=41).save(media / "p3.jpg", quality=90)
+    photo(30, 40, seed=42).save(media / "new.jpg", quality=90)
+    result = encode([media, "-o", out, "--model", ckpt, *BASE])
+    summary = json.loads(result.stdout)
+    changed = {str(media / n) for n in ("p1.jpg", "p3.jpg", "new.jpg")}
+    assert set(sniffed) == changed
+    assert summary["done_before"] == 4 and summary["encoded"] == 3 and summary["failed"] == 0
+    rows = lines(out)
+    assert [r["path"] for r in rows[6:]] == sorted(changed)  # appended rows: the changed files only
+    after = shard_tokens(out)[1]
+    for path in set(before) - changed:
+        assert torch.equal(after[path], before[path])  # what did not change keeps its tokens
+    assert set(after) == set(before) | changed
+
+
+def test_ledger_reads_on_and_starts_over(tmp_path):
+    out = tmp_path
+    (out / MANIFEST).write_bytes(b'{"path": "/a", "size": 1, "mtime_ns": 2, "status": "ok", "kind": "image"}\n'
+                                 b'not json\n{"path": "/a", "size": 3, "mtime_ns": 4, "status": "failed",'
+                                 b' "kind": "image"}\n{"path": "/b", "si')
+    ledger = Ledger.load(out)
+    assert len(ledger) == 1 and ledger.get("/a").size == 3 and ledger.get("/a").status == "failed"
+    assert (ledger.superseded, ledger.unreadable) == (1, 1) and ledger.end < (out / MANIFEST).stat().st_size
+    assert ledger.known_kind("/a", 3, 4) == "image" and ledger.known_kind("/a", 3, 5) is None
+    with open(out / MANIFEST, "ab") as f:  # the torn line completed, one more appended
+        f.write(b'ze": 5, "mtime_ns": 6, "status": "ok", "kind": "video", "shard": "s", "index": 0}\n')
+    ledger.refresh()
+    assert set(ledger) == {"/a", "/b"} and ledger.row("/b")["kind"] == "video" and ledger.shards() == {"s"}
+    (out / MANIFEST).write_bytes(b'{"path": "/c", "size": 1, "mtime_ns": 1, "status": "ok", "kind": "image"}\n')
+    assert set(ledger.refresh()) == {"/c"}  # a replaced (smaller) manifest is read anew
+
+
+def test_compact_keeps_one_row_per_file_and_prune_drops_tokens(done, ckpt):
+    media, out, before, _ = done
+    photo(50, 50, seed=40).save(media / "p1.jpg", quality=90)
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    (media / "p2.jpg").unlink()
+    (media / "p4.jpg").unlink()
+    rows_before = lines(out)
+    assert len(rows_before) == 7
+    tokens = shard_tokens(out)[1]
+    result = RUN.invoke(app, ["compact", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = lines(out)
+    assert len(rows) == len({r["path"] for r in rows}) == 6 and json.loads(result.stdout)["rows_after"] == 6
+    assert verify_ok(out)
+    result = RUN.invoke(app, ["compact", str(out), "--prune", "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["pruned"] == 2 and report["shards_rewritten"] >= 1
+    rows = lines(out)
+    gone = {str(media / "p2.jpg"), str(media / "p4.jpg")}
+    assert {r["path"] for r in rows} == set(tokens) - gone
+    assert verify_ok(out)
+    emb = gemma4enc.open(out)
+    for path in set(tokens) - gone:
+        assert torch.equal(emb[path], tokens[path].to(emb[path].dtype))
+    named = {r["shard"] for r in rows}
+    assert named == {p.name for p in out.glob("shard-*.safetensors")}  # old shards removed
+    again = encode([media, "-o", out, "--model", ckpt, *BASE])  # resume still sees every file done
+    assert json.loads(again.stdout)["encoded"] == 0 and json.loads(again.stdout)["done_before"] == 4
+
+
+def test_a_killed_prune_leaves_a_valid_folder(done, monkeypatch):
+    media, out, tokens, _ = done
+    (media / "p0.jpg").unlink()
+    manifest_before = (out / MANIFEST).read_bytes()
+    real = outdir.atomic_write
+
+    def die_on_manifest(path, write):
+        if path.name == MANIFEST:
+            raise KeyboardInterrupt  # killed after the new shards, before the manifest was replaced
+        real(path, write)
+
+    monkeypatch.setattr(outdir, "atomic_write", die_on_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        outdir.compact(out, prune=True)
+    assert (out / MANIFEST).read_bytes() == manifest_before
+    report = json.loads(RUN.invoke(app, ["verify", str(out), "--json"]).stdout)
+    assert report["ok"] and report["orphan_shards"]  # the half-done copy is an orphan, nothing else
+    emb = gemma4enc.open(out)
+    assert all(torch.equal(emb[p], t.to(emb[p].dtype)) for p, t in tokens.items())
+
+
+def test_a_run_compacts_past_the_threshold(done, ckpt, monkeypatch):
+    media, out, _, _ = done
+    monkeypatch.setattr(outdir, "AUTO_COMPACT_ROWS", 2)
+    for i in range(4):  # 4 of 6 rows superseded: more dead than live… not yet; then 8 of 6
+        photo(50, 50 + i, seed=50 + i).save(media / f"p{i}.jpg", quality=90)
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    assert len(lines(out)) == 10
+    for i in range(4):
+        os.utime(media / f"p{i}.jpg", ns=(1, 10**18 + i))
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    rows = lines(out)
+    assert len(rows) == len({r["path"] for r in rows}) == 6 and verify_ok(out)
+
+
+def verify_ok(out: Path) -> bool:
+    result = RUN.invoke(app, ["verify", str(out), "--json"])
+    report = json.loads(result.stdout)
+    return result.exit_code == 0 and report["ok"] and not report["orphan_shards"]
+
+
+def test_plan_reads_headers_of_new_files_only(done, monkeypatch):
+    media, out, _, _ = done
+    shutil.copy(media / "p0.jpg", media / "copy.jpg")
+    result = RUN.invoke(app, ["plan", str(media), "--out", str(out), "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0, result.output
+    assert report["done_before"] == 6 and report["files"] == 1 and report["tower_items"] == 1
