@@ -181,3 +181,36 @@ def test_plan_reads_headers_of_new_files_only(done, monkeypatch):
     report = json.loads(result.stdout)
     assert result.exit_code == 0, result.output
     assert report["done_before"] == 6 and report["files"] == 1 and report["tower_items"] == 1
+
+
+PROBE = '''
+import sys
+from gemma4enc.workers import prepare
+
+def probe(item, options):
+    before = [m for m in ("torch", "transformers") if m in sys.modules]
+    d = prepare(item, options)
+    d.error = repr(before)
+    return d
+'''
+
+
+def test_decode_workers_start_without_torch_or_transformers(tmp_path, monkeypatch):
+    """Workers start from a forkserver that preloads only our decoders (started early, taken over by map)."""
+    from gemma4enc.discover import look
+    from gemma4enc.options import Options
+    from gemma4enc.workers import DecodePool
+
+    (tmp_path / "ledger_probe.py").write_text(PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    from ledger_probe import probe
+
+    photos(tmp_path / "m", 2)
+    pool = DecodePool(Options(), workers=2, fn=probe).start()
+    try:
+        results = list(pool.map([look(str(p)) for p in sorted((tmp_path / "m").iterdir())]))
+    finally:
+        pool.close()
+    assert [r.status for r in results] == ["ok", "ok"] and all(r.patches for r in results)
+    assert {r.error for r in results} == {"[]"}
