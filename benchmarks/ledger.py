@@ -27,6 +27,7 @@ from pathlib import Path
 PER_DIR = 1000
 PER_SHARD = 50_000
 SOURCES = 4
+LINKS = 60_000  # per source file: ext4 allows 65,000 hard links to one inode
 CLI = [sys.executable, "-m", "gemma4enc"]
 # 70 soft tokens per image: the smallest budget keeps the tiny tower's share of the 1 % run small
 FLAGS = ["--device", "cpu", "--dtype", "float32", "--out-dtype", "float32", "--max-soft-tokens", "70", "--json", "-q"]
@@ -41,13 +42,19 @@ def checkpoint(work: Path) -> Path:
     return folder
 
 
-def sources(work: Path) -> list[Path]:
+def sources(work: Path, n: int = 1) -> list[Path]:
+    """SOURCES photos, copied as often as N links need (each copy its own inode)."""
     from gemma4enc.demo import write_images
 
     folder = work / "sources"
     if not folder.exists():
         write_images(folder)
-    return sorted(folder.iterdir())[:SOURCES]
+    photos = sorted(p for p in folder.iterdir() if p.is_file())[:SOURCES]
+    copies = [photos]
+    for k in range(1, -(-n // (LINKS * SOURCES))):
+        (folder / f"copy{k}").mkdir(exist_ok=True)
+        copies.append([Path(shutil.copy(p, folder / f"copy{k}" / p.name)) for p in photos])
+    return [p for c in copies for p in c]
 
 
 def make_folder(work: Path, n: int, ckpt: Path) -> tuple[Path, Path]:
@@ -55,15 +62,16 @@ def make_folder(work: Path, n: int, ckpt: Path) -> tuple[Path, Path]:
     media, out = work / f"media-{n}", work / f"out-{n}"
     shutil.rmtree(media, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
-    srcs = [(p, p.stat()) for p in sources(work)]
+    srcs = [(p, p.stat()) for p in sources(work, n)]
     paths = []
     for i in range(n):
         folder = media / f"d{i // PER_DIR:05d}"
         if i % PER_DIR == 0:
             folder.mkdir(parents=True)
-        path = folder / f"p{i:07d}{srcs[i % SOURCES][0].suffix}"
-        os.link(srcs[i % SOURCES][0], path)
-        paths.append((str(path), srcs[i % SOURCES][1]))
+        src, st = srcs[i % len(srcs)]
+        path = folder / f"p{i:07d}{src.suffix}"
+        os.link(src, path)
+        paths.append((str(path), st))
     write_output(out, paths, ckpt)
     return media, out
 
