@@ -173,10 +173,15 @@ def wrap(owner, name, before=None, after=None):
     setattr(owner, name, wrapped)
 wrap(workers.DecodePool, "start", before="workers: start asked")
 wrap(workers.DecodePool, "_start_all", after="workers: all started")
-wrap(runner, "open_tower", before="model: load begins", after="model: loaded")
+real_open = runner.open_tower
+def open_tower(*a, **k):
+    mark("model: imports and load begin")
+    opened = real_open(*a, **k)
+    mark("model: loaded")
+    wrap(type(opened[0]), "encode", before="tower: first call", after="tower: first call done")  # torch is in now
+    return opened
+runner.open_tower = open_tower
 wrap(workers.DecodePool, "_take_workers", after="pipeline: workers taken over")
-import gemma4enc.tower as tower
-wrap(tower.Tower, "encode", before="tower: first call", after="tower: first call done")
 try:
     cli.app(sys.argv[1:])
 except SystemExit:
