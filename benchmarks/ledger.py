@@ -159,9 +159,10 @@ STARTUP = r"""
 import sys, time
 t0 = time.perf_counter()
 marks = {}
-def mark(name):
-    marks.setdefault(name, round(time.perf_counter() - t0, 3))
-from gemma4enc import cli, runner, workers
+c0 = time.process_time()
+def mark(name):  # (wall s, this process's CPU s) since start: the machine is shared, CPU says more
+    marks.setdefault(name, (round(time.perf_counter() - t0, 3), round(time.process_time() - c0, 3)))
+from gemma4enc import cli, run, workers
 mark("cli imported")
 def wrap(owner, name, before=None, after=None):
     real = getattr(owner, name)
@@ -173,14 +174,21 @@ def wrap(owner, name, before=None, after=None):
     setattr(owner, name, wrapped)
 wrap(workers.DecodePool, "start", before="workers: start asked")
 wrap(workers.DecodePool, "_start_all", after="workers: all started")
-real_open = runner.open_tower
-def open_tower(*a, **k):
-    mark("model: imports and load begin")
-    opened = real_open(*a, **k)
-    mark("model: loaded")
-    wrap(type(opened[0]), "encode", before="tower: first call", after="tower: first call done")  # torch is in now
-    return opened
-runner.open_tower = open_tower
+real_engine = run._engine
+def engine(name):
+    mark("engine: chosen")
+    encode = real_engine(name)
+    from gemma4enc import model as local
+    real_open = local.open_tower
+    def open_tower(*a, **k):
+        mark("model: load begins")
+        opened = real_open(*a, **k)
+        mark("model: loaded")
+        wrap(type(opened[0]), "encode", before="tower: first call", after="tower: first call done")
+        return opened
+    local.open_tower = open_tower
+    return encode
+run._engine = engine
 wrap(workers.DecodePool, "_take_workers", after="pipeline: workers taken over")
 try:
     cli.app(sys.argv[1:])

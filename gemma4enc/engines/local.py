@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ..discover import Item
 from ..errors import UsageError
-from ..model import devices, open_tower
-from ..pipeline import Summary
-from ..pipeline import run as pipeline
-from ..plan import budget_patches
-from ..shards import ShardWriter, shard_metadata
 from ..workers import DecodePool
 from . import Run
+
+if TYPE_CHECKING:
+    from ..pipeline import Summary
 
 
 def encode(todo: list[Item], run: Run) -> Summary:
@@ -26,6 +25,12 @@ def encode(todo: list[Item], run: Run) -> Summary:
 
 
 def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
+    # torch comes in here, once the workers are on their way (importing it takes seconds)
+    from ..model import devices, open_tower
+    from ..pipeline import run as pipeline
+    from ..plan import budget_patches
+    from ..shards import ShardWriter, shard_metadata
+
     options = run.options
     start = time.perf_counter()
     opened = [open_tower(options, device) for device in devices(options)]
