@@ -7,9 +7,9 @@ from pathlib import Path
 from .discover import Item
 from .engines import Run
 from .errors import UsageError, first_lines
-from .options import Options
 from .ledger import MANIFEST, Ledger
-from .outdir import Lock, describe, maybe_compact, prepare_out, still_to_do
+from .options import Options
+from .outdir import SETTINGS, Lock, describe, maybe_compact, prepare_out, still_to_do
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
@@ -28,11 +28,12 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
         if lock.previous:
             log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
         ledger = ledger or Ledger(out)
+        fresh = overwrite or not (out / SETTINGS).exists()  # no earlier run has proved --model here
         for note in prepare_out(out, options, overwrite, ledger):
             log(note)
         todo = still_to_do(items, out, options, ledger)
         run = Run(out, options, bar, log, done=len(items) - len(todo))
-        summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run)
+        summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, check_model=fresh)
         ledger.refresh()  # only the rows this run appended
         failures = [f"{Path(i.path).name}: {r.status}" for i in todo if (r := ledger.get(i.path)) and r.status != "ok"]
         note = maybe_compact(out, ledger)
@@ -59,11 +60,18 @@ def _engine(name: str):
     return encode
 
 
-def _nothing_to_do(run: Run):
-    """Every file has its row: no model, no decode workers, no Ray (and no torch import)."""
+def _nothing_to_do(run: Run, check_model: bool):
+    """Every file has its row: no model, no decode workers, no Ray (and no torch import).
+
+    A folder this run made has no run behind it that found --model: that is still checked (a
+    wrong one exits 2), without loading it. A re-run's settings already name the model that worked."""
     from types import SimpleNamespace
 
     options = run.options
+    if check_model:
+        from .model import find_checkpoint
+
+        find_checkpoint(options.model)
     summary = SimpleNamespace(files=0, ok=0, failed=0, by_status={}, frames=0, tokens=0, patches=0, seconds=0.0)
     if options.engine == "ray":
         run.log(f"{run.done} files, all done already; Ray not started")
