@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # plain torch requirement never pulls a multi-GB CUDA build. Override to choose.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install test bench bench-e2e bench-rss bench-ledger demo clean
+.PHONY: install test bench bench-e2e bench-rss bench-ledger bench-decode demo clean
 
 install:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -35,6 +35,10 @@ bench-rss:
 bench-ledger:
 	$(PY) benchmarks/ledger.py --n 100000 --n 1000000 --changed-up-to 100000 --json bench-out/ledger.json
 	$(PY) benchmarks/ledger.py --startup --json bench-out/startup.json
+
+# decode to patches per core on real-size media (generated once into ~/.cache), or DIR=folder: a sample of yours
+bench-decode:
+	$(PY) benchmarks/decode.py $(DIR) --json bench-out/decode.json
 
 demo:
 	$(PY) -m gemma4enc demo ./demo

@@ -8,9 +8,18 @@
 from ._version import __version__  # noqa: F401 - the public name
 
 
-def open(out):  # noqa: A001 - the reader's natural name, as in safetensors.safe_open / tarfile.open
+def open(out, framework: str = "pt"):  # noqa: A001 - the reader's natural name, as in safetensors.safe_open
     """An output folder's reader: `emb[path]`, `emb.frames(path)`, `emb.pooled(path)`, `emb.row(path)`,
-    `emb.mm_encoder_outputs(paths, model=…)` for Gemma 4, `emb.pooled_matrix()` for search."""
+    `emb.mm_encoder_outputs(paths, model=…)` for Gemma 4, `emb.pooled_matrix()` for search.
+
+    framework="pt": torch tensors in the stored dtype; "numpy": float32 numpy arrays (lookups, frames,
+    pooled), no torch needed."""
+    if framework == "numpy":
+        from .npreader import NumpyEmbeddings
+
+        return NumpyEmbeddings(out)
+    if framework != "pt":
+        raise ValueError(f"framework {framework!r}: use 'pt' or 'numpy'")
     from .shards import Embeddings
 
     return Embeddings(out)

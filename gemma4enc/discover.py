@@ -23,6 +23,8 @@ class Item:
     size: int  # bytes
     mtime_ns: int
     error: str | None = None  # set when the file could not even be looked at (broken link, no access)
+    root: str | None = None  # the root folder it was found under (absolute), when found by walking
+    rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
 
 
 def sniff(head: bytes) -> str | None:
@@ -60,26 +62,27 @@ def kind_of(path: str, head: bytes) -> str:
 Known = Callable[[str, int, int], "str | None"]
 
 
-def look(path: str, known: Known | None = None) -> Item:
+def look(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None) -> Item:
     """stat + sniff one path; failures become an Item with `error`, never an exception.
 
     A file `known` recognises (same size and mtime as its row) is only stat'ed: a re-run over
-    a million known files costs a million stats, not a million opens."""
+    a million known files costs a million stats, not a million opens. `root`/`rel`: where a
+    walk found it, kept on the Item (also on a failed one)."""
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
-            return Item(path, _ext_kind(path), 0, 0, error="not a regular file")
+            return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel)
         kind = known(path, st.st_size, st.st_mtime_ns) if known else None
         if kind:
-            return Item(path, kind, st.st_size, st.st_mtime_ns)
+            return Item(path, kind, st.st_size, st.st_mtime_ns, None, root, rel)
         with open(path, "rb") as f:
             head = f.read(SNIFF_BYTES)
     except FileNotFoundError:
         reason = "broken symlink" if os.path.islink(path) else "file not found"
-        return Item(path, _ext_kind(path), 0, 0, error=reason)
+        return Item(path, _ext_kind(path), 0, 0, reason, root, rel)
     except OSError as e:
-        return Item(path, _ext_kind(path), 0, 0, error=f"cannot read: {e.strerror or e}")
-    return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns)
+        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel)
+    return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns, None, root, rel)
 
 
 def _ext_kind(path: str) -> str:
@@ -93,15 +96,20 @@ def _matches(rel: str, include: list[str], exclude: list[str]) -> bool:
     return (not include or hit(include)) and not hit(exclude)
 
 
-def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None = None) -> Iterable[str]:
+def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None = None,
+         skip: str | None = None) -> Iterable[str]:
     """Every file under root (root itself if a file), following symlinks without loops.
 
-    Folders that cannot be listed go to `errors` as (path, reason) instead of vanishing.
+    Folders that cannot be listed go to `errors` as (path, reason) instead of vanishing;
+    the folder `skip` (OUT, when it lies inside a root) is not entered.
     """
     if not os.path.isdir(root):
         yield root
         return
     seen: set[tuple[int, int]] = set()
+    if skip and os.path.isdir(skip):
+        st = os.stat(skip)
+        seen.add((st.st_dev, st.st_ino))
     on_error = (lambda e: errors.append((e.filename, e.strerror or str(e)))) if errors is not None else None
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=on_error):
         st = os.stat(dirpath)
@@ -117,25 +125,32 @@ def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None =
 
 
 def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
-             hidden: bool = False, known: Known | None = None) -> tuple[list[Item], int]:
+             hidden: bool = False, null: bool = False, out: str | None = None,
+             known: Known | None = None) -> tuple[list[Item], int]:
     """(media items in one stable sorted order, count of files skipped as not media).
 
     Files named explicitly (a root that is a file, or a --files-from line) are always kept,
     so an unsupported one gets a row saying so; files found by walking are kept only when
-    they look like media. `known`: see look().
+    they look like media. A listed folder is walked like a root; OUT is never walked.
+    With `null` the list's names end in NUL bytes (find -print0): a name may hold a newline.
+    `known`: see look().
     """
     named: list[str] = []
-    walked: list[tuple[str, str]] = []  # (path, path relative to its root: what globs see)
-    if files_from:
+    walked: list[tuple[str, str, str]] = []  # (path, path relative to its root: what globs see, root)
+    listed: list[str] = []
+    if files_from and null:  # bytes: no newline translation, and names that are not UTF-8 survive
+        raw = sys.stdin.buffer.read() if files_from == "-" else open(files_from, "rb").read()
+        listed = [os.fsdecode(name) for name in raw.split(b"\0") if name]
+    elif files_from:
         stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
         with stream:
-            named += [line.rstrip("\n") for line in stream if line.strip()]
+            listed = [line.rstrip("\n") for line in stream if line.strip()]
     unlisted: list[tuple[str, str]] = []
-    for root in roots:
+    for root in [*roots, *listed]:
         if os.path.isdir(root):
             root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
-            globs = include or exclude
-            walked += [(p, os.path.relpath(p, root) if globs else p) for p in walk(root, hidden, unlisted)]
+            cut = len(root) if root.endswith(os.sep) else len(root) + 1  # each path is root + sep + rel
+            walked += [(p, p[cut:], root) for p in walk(root, hidden, unlisted, skip=out)]
         else:
             named.append(root)
     items: dict[str, Item] = {}
@@ -143,12 +158,12 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
         path = os.path.abspath(path)
         items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}")
     skipped = 0
-    candidates = [(os.path.abspath(p), p, True) for p in named] + [(p, rel, False) for p, rel in walked]
+    candidates = [(os.path.abspath(p), p, True, None) for p in named] + [(p, rel, False, root) for p, rel, root in walked]
     include, exclude = list(include), list(exclude)
-    for path, rel, explicit in candidates:
+    for path, rel, explicit, root in candidates:
         if (include or exclude) and not _matches(rel, include, exclude):
             continue
-        item = look(path, known)
+        item = look(path, known, root, None if root is None else rel)
         if item.kind == "unknown" and not explicit:
             skipped += 1
             continue

@@ -19,6 +19,14 @@ from typing import Iterator, NamedTuple
 MANIFEST = "manifest.jsonl"
 # shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
 SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
+# our temp files, and only ours (a user's .draft.tmp in OUT is never touched): .gemma4enc-<name>.<pid>.tmp,
+# and the names earlier versions used (.<our file>.<pid>.tmp, .write-test-<pid>.tmp)
+TEMP_RE = re.compile(r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
+                     r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$")
+
+
+def temp_name(name: str) -> str:
+    return f".gemma4enc-{name}.{os.getpid()}.tmp"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -35,7 +43,7 @@ os.umask(_UMASK)
 
 def atomic_write(path: Path, write) -> None:
     """write(tmp_path), then fsync and rename into place: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(temp_name(path.name))
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # safetensors writes 0600; others may need to read the shards
@@ -92,10 +100,11 @@ class Entry(NamedTuple):
     shard: str | None
     status: str
     kind: str
+    root: str | None  # the walked root the row records, when its path is root + its rel (adoption)
 
 
-# size, mtime_ns, offset, tokens, index, shard code, status code, kind code
-_PACK = struct.Struct("<qqqqiiHH")
+# size, mtime_ns, offset, tokens, index, shard code, status code, kind code, root code
+_PACK = struct.Struct("<qqqqiiHHi")
 
 
 class Ledger:
@@ -111,6 +120,7 @@ class Ledger:
         self.strings: list[str | None] = [None]  # code 0 is None
         self.codes: dict[str | None, int] = {None: 0}
         self.per_shard: dict[int, int] = {}  # shard code → latest rows that name it
+        self.roots: set[int] = set()  # codes of the roots rows record (a few): where a moved file's row may be
         self.end = 0  # bytes read: up to the end of the last complete line
         self.lines = 0
         self.unreadable = 0
@@ -168,9 +178,14 @@ class Ledger:
             self._count(_PACK.unpack(old)[5], -1)
         shard = self._code(row.get("shard"))
         index = row.get("index")
+        root = row.get("root")
+        # rel is not kept: it is the path past its root (a row where it is not cannot be adopted)
+        root = self._code(root) if root and row.get("rel") and os.path.join(root, row["rel"]) == path else 0
+        if root:
+            self.roots.add(root)
         self.rows[path] = _PACK.pack(_int(row.get("size")), _int(row.get("mtime_ns")), offset,
                                      row.get("tokens") or 0, -1 if index is None else index, shard,
-                                     self._code(row.get("status")), self._code(row.get("kind")))
+                                     self._code(row.get("status")), self._code(row.get("kind")), root)
         self._count(shard, 1)
         digest = row.get("sha256")
         if digest:
@@ -195,9 +210,9 @@ class Ledger:
         packed = self.rows.get(path)
         if packed is None:
             return None
-        size, mtime, offset, tokens, index, shard, status, kind = _PACK.unpack(packed)
+        size, mtime, offset, tokens, index, shard, status, kind, root = _PACK.unpack(packed)
         s = self.strings
-        return Entry(size, mtime, offset, tokens, index, s[shard], s[status], s[kind])
+        return Entry(size, mtime, offset, tokens, index, s[shard], s[status], s[kind], s[root])
 
     def entries(self) -> Iterator[tuple[str, Entry]]:
         for path in self.rows:
@@ -212,8 +227,16 @@ class Ledger:
         packed = self.rows.get(path)
         if packed is None:
             return None
-        row_size, row_mtime, *_, kind = _PACK.unpack(packed)
+        row_size, row_mtime, *_, kind, _root = _PACK.unpack(packed)
         return self.strings[kind] if (row_size, row_mtime) == (size, mtime_ns) else None
+
+    def same_rel(self, rel: str, size: int) -> Iterator[tuple[str, Entry]]:
+        """Latest ok rows of another root with this rel and size: where a moved root's file was."""
+        for code in self.roots:
+            path = os.path.join(self.strings[code], rel)
+            entry = self.get(path)
+            if entry is not None and entry.status == "ok" and entry.size == size and entry.root == self.strings[code]:
+                yield path, entry
 
     def shards(self) -> set[str]:
         """Shards that some latest row names (a shard only superseded rows name is dead)."""

@@ -140,9 +140,10 @@ def _hub_files(repo_id: str) -> tuple[Path, str | None]:
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    unresolvable = not offline and not _resolves()  # then the cache only, at once: not ~23 s of retries
 
     def fetch(filename: str) -> Path:
-        return Path(hf_hub_download(repo_id, filename))
+        return Path(hf_hub_download(repo_id, filename, local_files_only=unresolvable))
 
     try:
         config = fetch("config.json")
@@ -155,7 +156,8 @@ def _hub_files(repo_id: str) -> tuple[Path, str | None]:
         for file in files:
             fetch(file)
     except LocalEntryNotFoundError:
-        how = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached"
+        how = ("HF_HUB_OFFLINE is set" if offline else f"{_host()} cannot be resolved (offline? set HF_HUB_OFFLINE=1 "
+               "to skip the hub)" if unresolvable else "the hub could not be reached")
         raise UsageError(
             f"{repo_id}: not in the Hugging Face cache and {how}; download it first "
             f"(`hf download {repo_id}`) or pass a local checkpoint folder"
@@ -164,6 +166,25 @@ def _hub_files(repo_id: str) -> tuple[Path, str | None]:
         raise UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     revision = config.parent.name if config.parent.parent.name == "snapshots" else None
     return config.parent, revision
+
+
+def _host() -> str:
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    return urlparse(constants.ENDPOINT).hostname or ""
+
+
+def _resolves() -> bool:
+    """Whether the hub's host name resolves (a failed lookup is quick; huggingface_hub would retry it)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(_host(), 443)
+    except (OSError, UnicodeError):
+        return False
+    return True
 
 
 def find_checkpoint(model: str) -> Checkpoint:

@@ -17,11 +17,11 @@ from pathlib import Path
 from .discover import Item
 from .errors import UsageError
 from .options import Options
-from .ledger import MANIFEST, SHARD_RE, Ledger, append_rows, atomic_write, line_of
+from .ledger import MANIFEST, SHARD_RE, TEMP_RE, Ledger, append_rows, atomic_write, line_of, temp_name
 
 SETTINGS = "settings.json"
 LOCK = "gemma4enc.lock"
-TEMP_SUFFIX = ".tmp"
+LOST = "shard_lost"  # a row whose shard went missing or unreadable: always encoded again
 # a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
 # then the rewrite costs no more than the rows appended since the last one
 AUTO_COMPACT_ROWS = 100_000
@@ -93,6 +93,17 @@ def describe(holder: dict) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
 
 
+def running(out: Path) -> str | None:
+    """The run holding OUT's lock, described, or None (the lock file of a killed run does not count)."""
+    try:
+        holder = json.loads((Path(out) / LOCK).read_text() or "{}")
+    except (OSError, ValueError):
+        return None
+    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+        return None
+    return describe(holder)
+
+
 def _alive(pid) -> bool:
     try:
         os.kill(int(pid), 0)
@@ -104,25 +115,33 @@ def _alive(pid) -> bool:
 def ours(out: Path) -> list[Path]:
     """Everything gemma4enc writes in OUT (and only that: --overwrite removes these)."""
     return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS)
-            or (p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))]
+            or TEMP_RE.match(p.name)]
 
 
-def prepare_out(out: Path, options: Options, overwrite: bool = False, ledger: Ledger | None = None) -> list[str]:
-    """Prove OUT writable, check or write its settings, clear a killed run's leftovers.
+def settings_of(options: Options, extra: dict | None = None) -> dict:
+    """What settings.json records: the fingerprint, plus what the run resolved (the hub revision)."""
+    return json.loads(json.dumps(options.fingerprint() | (extra or {})))
+
+
+def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dict | None = None,
+                ledger: Ledger | None = None) -> list[str]:
+    """Prove OUT writable, check its settings, clear a killed run's leftovers.
 
     Call with the lock held; `ledger` (OUT's manifest, read before the lock was taken) is brought
-    up to date. Returns notes for the log (what was cleaned up).
+    up to date. The settings are written by write_settings once the model has loaded: a run
+    that fails before leaves none that would refuse the corrected command.
+    Returns notes for the log (what was cleaned up).
     """
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}{TEMP_SUFFIX}"
+        probe = out / temp_name("write-test")
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
     notes = []
     path = out / SETTINGS
-    mine = json.loads(json.dumps(options.fingerprint()))
+    mine = settings_of(options, extra)
     if overwrite:
         removed = [p for p in ours(out) if p.name != SETTINGS]
         (out / MANIFEST).unlink(missing_ok=True)  # first: without it the shards are orphans, never half-used
@@ -133,14 +152,21 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False, ledger: Le
             notes.append(f"--overwrite: removed {len(removed)} earlier output files")
     if path.exists():
         theirs = json.loads(path.read_text())
-        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        # a key an earlier version did not record is not held against the folder
+        changed = sorted(k for k in theirs if mine.get(k) != theirs.get(k))
         if changed:
             detail = ", ".join(f"{k}: {theirs.get(k)!r} → {mine.get(k)!r}" for k in changed)
             raise UsageError(f"{out} was made with other settings ({detail}); use another --out, "
                              "or --overwrite to replace its contents")
-    else:
-        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
     return notes + repair(out, ledger)
+
+
+def write_settings(out: Path, options: Options, extra: dict | None = None) -> None:
+    """Record the settings (once: a later run only checks them)."""
+    path = out / SETTINGS
+    if not path.exists():
+        mine = settings_of(options, extra)
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
 
 
 def repair(out: Path, ledger: Ledger | None = None) -> list[str]:
@@ -153,9 +179,10 @@ def repair(out: Path, ledger: Ledger | None = None) -> list[str]:
             f.truncate(ledger.end)
             os.fsync(f.fileno())
         notes.append("dropped a torn last line of the manifest (its file will be encoded again)")
-    temps = [p for p in out.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)]
+    temps = [p for p in out.iterdir() if TEMP_RE.match(p.name)]
     for p in temps:
         p.unlink(missing_ok=True)
+    notes += mark_lost(out, broken_shards(out, ledger), ledger)
     named = ledger.shards()  # shards only older rows name are dead too
     orphans = [p for p in out.iterdir() if SHARD_RE.match(p.name) and p.name not in named]
     for p in orphans:
@@ -165,17 +192,52 @@ def repair(out: Path, ledger: Ledger | None = None) -> list[str]:
     return notes
 
 
+def broken_shards(out: Path, ledger: Ledger) -> set[str]:
+    """Shards that ok rows name but that are gone or whose header cannot be read (cheap: headers only)."""
+    from safetensors import safe_open
+
+    broken = set()
+    for name in ledger.shards():  # only ok rows name a shard
+        try:
+            with safe_open(str(out / name), framework="numpy"):  # not "pt": a no-op run never imports torch
+                pass
+        except Exception:  # noqa: BLE001 - missing, truncated, garbage: all mean its tokens are lost
+            broken.add(name)
+    return broken
+
+
+def mark_lost(out: Path, shards: set[str], ledger: Ledger) -> list[str]:
+    """Rows into these shards are superseded by LOST rows, before any new shard could take a name."""
+    if not shards:
+        return []
+    offsets = [e.offset for _, e in ledger.entries() if e.status == "ok" and e.shard in shards]
+    rows = [r | {"status": LOST, "error": f"its shard {r['shard']} was missing or unreadable; the next run "
+                 "encodes it again", "shard": None, "index": None, "tokens": 0, "frames": 0}
+            for r in ledger.rows_at(offsets)]
+    append_rows(out, rows)
+    ledger.refresh()
+    if not rows:
+        return []
+    return [f"{len(shards)} shard(s) missing or unreadable ({', '.join(sorted(shards)[:3])}): "
+            f"their {len(rows)} file(s) are encoded again"]
+
+
 def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger | None = None) -> list[Item]:
     """Files without a row for their current content: new, changed, or failed with --retry-failed.
 
     Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
     only touched (same sha256) keeps its tokens and gets a refreshed row instead of a re-encode.
+    A file with no row under its path but an ok row with its path relative to its root, size and
+    mtime (--hash: content) is the same file under a moved or remounted root: that row is adopted.
     """
     ledger = ledger or Ledger.load(out)
     todo, refreshed = [], []
     for item in items:
         row = ledger.get(item.path)
-        if row is None or row.size != item.size or (options.retry_failed and row.status != "ok"):
+        if row is None and (adopted := _adopt(item, ledger, options)):
+            refreshed.append(adopted)
+        elif row is None or row.size != item.size or row.status == LOST or (
+                options.retry_failed and row.status != "ok"):
             todo.append(item)
         elif options.hash and row.status == "ok" and not item.error:
             from .workers import sha256
@@ -185,7 +247,9 @@ def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger |
             except OSError:
                 todo.append(item)  # let decode say why it cannot be read
                 continue
-            if digest != ledger.digest(item.path):
+            if ledger.digest(item.path) is None and row.mtime_ns == item.mtime_ns:
+                refreshed.append(ledger.row(item.path) | {"sha256": digest})  # --hash turned on: hash what is there, keep it
+            elif digest != ledger.digest(item.path):
                 todo.append(item)
             elif row.mtime_ns != item.mtime_ns:
                 refreshed.append(ledger.row(item.path) | {"mtime_ns": item.mtime_ns})
@@ -264,3 +328,27 @@ def _rewrite_shards(out: Path, ledger: Ledger, gone: dict[int, str]) -> tuple[di
             rewrite_shard(out / name, [i for i, _ in kept], out / new)
             moved.update({off: {"shard": new, "index": j} for j, (_, off) in enumerate(kept)})
     return moved, hit
+
+
+def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
+    """The row of `item` under its old root, moved to its new path; None if none is the same file."""
+    if item.error or item.rel is None:
+        return None
+    found = list(ledger.same_rel(item.rel, item.size))
+    if not found:
+        return None
+    digest = None
+    if options.hash:
+        from .workers import sha256
+
+        try:
+            digest = sha256(item.path)
+        except OSError:
+            return None
+    for path, entry in found:
+        saved = ledger.digest(path)
+        same = saved == digest if digest and saved else entry.mtime_ns == item.mtime_ns
+        if same:
+            moved = {"path": item.path, "root": item.root, "rel": item.rel, "mtime_ns": item.mtime_ns}
+            return ledger.row(path) | moved | ({"sha256": digest} if digest else {})
+    return None

@@ -6,6 +6,7 @@ and no padding rows; the tower scales them to [0, 1] with the processor's own ro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,28 +32,55 @@ class Patches:
 
 
 def target_size(height: int, width: int, max_soft_tokens: int) -> tuple[int, int]:
-    """The processor's aspect-preserving size: sides multiples of 48 px, ≤ budget×9 patches."""
+    """The processor's aspect-preserving size: sides multiples of 48 px, ≤ budget×9 patches.
+
+    Our own statement of Gemma4ImageProcessorPil's rule (tests/test_patches.py holds it equal
+    to transformers' function), so decode workers need not import transformers (and torch).
+    The float operations are the processor's, in its order, so rounding at a multiple of 48
+    falls the same way.
+    """
     if max_soft_tokens not in SOFT_TOKEN_BUDGETS:
         raise ValueError(f"max_soft_tokens must be one of {SOFT_TOKEN_BUDGETS}, got {max_soft_tokens}")
-    # imported here, not at the top: importing transformers costs seconds a no-op run must not pay
-    from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+    side = PATCH * POOL  # both sides are whole pooling cells
+    pixels = max_soft_tokens * POOL * POOL * PATCH * PATCH  # the budget, in pixels
+    scale = math.sqrt(pixels / (height * width))  # the same area, the same aspect
+    h = int(math.floor(scale * height / side)) * side
+    w = int(math.floor(scale * width / side)) * side
+    if h == 0 and w == 0:
+        raise ValueError(f"cannot resize {height}x{width} to a whole number of {side}-pixel cells")
+    longest = max_soft_tokens * side  # a one-cell-thin sliver holds the whole budget along its length
+    if h == 0:  # a very wide strip: one cell tall, as long as its aspect allows
+        h, w = side, min(int(math.floor(width / height)) * side, longest)
+    elif w == 0:
+        w, h = side, min(int(math.floor(height / width)) * side, longest)
+    if h * w > pixels:
+        raise ValueError(f"resizing {height}x{width} to {h}x{w} exceeds {max_soft_tokens} soft tokens")
+    return h, w
 
-    return get_aspect_ratio_preserving_size(
-        height=height,
-        width=width,
-        patch_size=PATCH,
-        max_patches=max_soft_tokens * POOL * POOL,
-        pooling_kernel_size=POOL,
-    )
+
+@dataclass(frozen=True)
+class Fitted:
+    """An image the decoder already brought to the target size of a larger original (--resize fast).
+
+    The target depends on the original's size, not on the fitted image's (the rule is not
+    idempotent), so the original's upright size travels with it.
+    """
+
+    image: Image.Image  # RGB, upright
+    height: int  # of the original, upright
+    width: int
 
 
-def patchify(image: Image.Image | np.ndarray, max_soft_tokens: int) -> Patches:
+def patchify(image: Image.Image | np.ndarray | Fitted, max_soft_tokens: int) -> Patches:
     """Resize (bicubic, up or down, as the processor does) and cut into 16×16 patches."""
     if isinstance(image, np.ndarray):
         image = Image.fromarray(image)  # (H, W, 3) uint8 frames from the video decoders
+    size = (image.height, image.width)
+    if isinstance(image, Fitted):
+        image = image.image
     if image.mode != "RGB":
         raise ValueError(f"patchify needs an RGB image, got mode {image.mode}")
-    h, w = target_size(image.height, image.width, max_soft_tokens)
+    h, w = target_size(*size, max_soft_tokens)
     if (h, w) != (image.height, image.width):
         image = image.resize((w, h), resample=Image.Resampling.BICUBIC)
     array = np.asarray(image, dtype=np.uint8)  # (h, w, 3)

@@ -64,7 +64,8 @@ class Progress:
 
 
 def base_row(item: Item) -> dict:
-    return {"path": item.path, "kind": item.kind, "size": item.size, "mtime_ns": item.mtime_ns}
+    where = {"root": item.root, "rel": item.rel} if item.rel else {}
+    return {"path": item.path, **where, "kind": item.kind, "size": item.size, "mtime_ns": item.mtime_ns}
 
 
 def ok_row(d: Decoded, frames: list[torch.Tensor]) -> dict:

@@ -16,16 +16,16 @@ from pathlib import Path
 
 from .discover import Item
 from .errors import UsageError
-from .ledger import MANIFEST, SHARD_RE, Ledger
-from .outdir import SETTINGS, TEMP_SUFFIX
+from .ledger import MANIFEST, SHARD_RE, TEMP_RE, Ledger
+from .outdir import SETTINGS, running
 
 CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stays small for 1 GB shards
 OFFSETS = ("item_offsets", "frame_offsets", "item_frames")
 
 
-def plan_report(items: list[Item], image_tokens: int, video_tokens: int, frames: int, hidden: int,
+def plan_report(items: list[Item], image_tokens: int, video_tokens: int, sampling, hidden: int,
                 out_dtype: str) -> dict:
-    """Dry run from headers only: no pixels decoded, no model loaded."""
+    """Dry run from headers only: no pixels decoded, no model loaded. `sampling`: a decode.Sampling."""
     from PIL import Image
 
     from .patches import POOL, target_size
@@ -44,7 +44,7 @@ def plan_report(items: list[Item], image_tokens: int, video_tokens: int, frames:
 
                 with av.open(item.path) as c:
                     s = c.streams.video[0]
-                    size, count = (s.width, s.height), min(frames, s.frames or frames)
+                    size, count = (s.width, s.height), _frame_count(sampling, s, c)
                 budget = video_tokens
             else:
                 continue
@@ -74,6 +74,14 @@ def _settings(out: Path) -> dict | None:
     return json.loads((out / SETTINGS).read_text()) if (out / SETTINGS).exists() else None
 
 
+def _frame_count(sampling, stream, container) -> int:
+    """Frames encode will take, from the header: --frames of the stream's, or --fps over its duration."""
+    if sampling.fps is None:
+        return min(sampling.frames, stream.frames or sampling.frames)
+    seconds = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
+    return max(1, min(sampling.max_frames, int(seconds * sampling.fps) + 1))
+
+
 def inspect_report(out: Path) -> dict:
     """One pass over the manifest into the compact ledger; whole rows are read for failures only."""
     out = _output_folder(out)
@@ -90,8 +98,8 @@ def inspect_report(out: Path) -> dict:
     on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
     failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in ledger.rows_at(failed)]
     return {
-        "out": str(out), "files": len(ledger), "by_status": dict(status), "by_kind": dict(kinds),
-        "tokens": tokens, "shards": len(on_disk),
+        "out": str(out), "running": running(out), "files": len(ledger), "by_status": dict(status),
+        "by_kind": dict(kinds), "tokens": tokens, "shards": len(on_disk),
         "missing_shards": sorted(named - on_disk), "orphan_shards": sorted(on_disk - named),
         "deleted_inputs": deleted, "settings": _settings(out), "failures": failures,
         "superseded_rows": ledger.superseded,
@@ -119,20 +127,22 @@ def verify(out: Path) -> dict:
     problems += [f"{name}: named by {len(by_shard[name])} row(s) but missing" for name in missing]
     if orphans:
         warnings.append(f"{len(orphans)} shard(s) no row names (the next encode removes them): {orphans[:5]}")
-    temps = sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))
+    temps = sorted(p.name for p in out.iterdir() if TEMP_RE.match(p.name))
     if temps:
         warnings.append(f"{len(temps)} temp file(s) of an interrupted write: {temps[:5]}")
     settings = _settings(out) or {}
     tokens = 0
+    bad = set(missing)
     for name in sorted(set(by_shard) & on_disk):
         found, n = check_shard(out / name, list(ledger.rows_at(by_shard[name])), settings)
         problems += [f"{name}: {p}" for p in found]
         tokens += n
+        bad |= {name} if found else set()
     return {
         "out": str(out), "ok": not problems, "files": len(ledger),
         "encoded": sum(len(v) for v in by_shard.values()), "shards": len(on_disk),
         "tokens_checked": tokens, "missing_shards": missing, "orphan_shards": orphans,
-        "problems": problems, "warnings": warnings,
+        "bad_shards": sorted(bad), "problems": problems, "warnings": warnings,
     }
 
 

@@ -9,7 +9,7 @@ from .engines import Run
 from .errors import UsageError, first_lines
 from .ledger import MANIFEST, Ledger
 from .options import Options
-from .outdir import SETTINGS, Lock, describe, maybe_compact, prepare_out, still_to_do
+from .outdir import SETTINGS, Lock, describe, maybe_compact, prepare_out, still_to_do, write_settings
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
@@ -18,27 +18,41 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
 
     `ledger`: OUT's manifest as discovery read it (read on here, not again from the start).
     """
+    from .preflight import preflight
+
     out = Path(out)
     log = log or (lambda message: None)
+    # a re-run into a folder a loaded model made checks the model and devices only if there is work
+    light = not overwrite and (out / SETTINGS).exists()
+    options, extra = preflight(options, light=light)  # before OUT is touched
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
-    with Lock(out) as lock:
-        if lock.previous:
-            log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
-        ledger = ledger or Ledger(out)
-        fresh = overwrite or not (out / SETTINGS).exists()  # no earlier run has proved --model here
-        for note in prepare_out(out, options, overwrite, ledger):
-            log(note)
-        todo = still_to_do(items, out, options, ledger)
-        run = Run(out, options, bar, log, done=len(items) - len(todo))
-        summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, check_model=fresh)
-        ledger.refresh()  # only the rows this run appended
-        failures = [f"{Path(i.path).name}: {r.status}" for i in todo if (r := ledger.get(i.path)) and r.status != "ok"]
-        note = maybe_compact(out, ledger)
-        if note:
-            log(note)
+    try:
+        with Lock(out) as lock:
+            if lock.previous:
+                log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
+            ledger = ledger or Ledger(out)
+            for note in prepare_out(out, options, overwrite, extra, ledger):
+                log(note)
+            todo = still_to_do(items, out, options, ledger)
+            if todo and light:
+                options, extra = preflight(options)  # now the model will load: find it, check the devices
+            ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
+            run = Run(out, options, bar, log, done=len(items) - len(todo), ready=ready)
+            summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not light)
+            ledger.refresh()  # only the rows this run appended
+            failures = [f"{Path(i.path).name}: {r.status}" for i in todo
+                        if (r := ledger.get(i.path)) and r.status != "ok"]
+            note = maybe_compact(out, ledger)
+            if note:
+                log(note)
+    except UsageError:
+        if created and not any(out.iterdir()):
+            out.rmdir()  # the folder this run made for nothing
+        raise
     if failures:
         log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
     return {
@@ -60,18 +74,16 @@ def _engine(name: str):
     return encode
 
 
-def _nothing_to_do(run: Run, check_model: bool):
+def _nothing_to_do(run: Run, checked: bool):
     """Every file has its row: no model, no decode workers, no Ray (and no torch import).
 
-    A folder this run made has no run behind it that found --model: that is still checked (a
-    wrong one exits 2), without loading it. A re-run's settings already name the model that worked."""
+    `checked`: preflight found the model (a folder this run made): its settings are recorded as
+    a loaded model's would be. A re-run's settings already name the model that worked."""
     from types import SimpleNamespace
 
     options = run.options
-    if check_model:
-        from .model import find_checkpoint
-
-        find_checkpoint(options.model)
+    if checked:
+        run.ready()
     summary = SimpleNamespace(files=0, ok=0, failed=0, by_status={}, frames=0, tokens=0, patches=0, seconds=0.0)
     if options.engine == "ray":
         run.log(f"{run.done} files, all done already; Ray not started")

@@ -25,7 +25,9 @@ from safetensors.torch import save_file
 
 from ._version import __version__
 from .errors import OutputError
-from .ledger import MANIFEST, SHARD_RE, append_rows, atomic_write, read_manifest  # noqa: F401 - re-exported
+from .ledger import (MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write,  # noqa: F401 - re-exported
+                     read_manifest, temp_name)
+from .npreader import Rows
 
 if TYPE_CHECKING:
     from .options import Options
@@ -46,6 +48,7 @@ def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
         "dtype": str(tower.dtype).removeprefix("torch."),
         "out_dtype": options.out_dtype,
         "image_soft_tokens": str(options.image_tokens),
+        "resize": options.resize,
         "video_soft_tokens": str(options.video_tokens),
         "sampling": json.dumps(asdict(options.sampling)),
         "hidden_size": str(tower.out_dim),
@@ -201,7 +204,7 @@ def rewrite_shard(src: Path, keep: list[int], dst: Path) -> None:
     atomic_write(dst, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
-class Embeddings:
+class Embeddings(Rows):
     """Read an output folder: `emb[path]` → (tokens, D) tensor, `emb.frames(path)` → per frame.
 
     Only the manifest is read up front; each lookup opens one shard and slices its rows.
@@ -213,26 +216,8 @@ class Embeddings:
             raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
         self.rows = read_manifest(self.out)
 
-    def __len__(self) -> int:
-        return sum(1 for r in self.rows.values() if r["status"] == "ok")
-
-    def __iter__(self):
-        return (p for p, r in self.rows.items() if r["status"] == "ok")
-
-    def __contains__(self, path) -> bool:
-        row = self.rows.get(os.path.abspath(path))
-        return bool(row and row["status"] == "ok")
-
-    def row(self, path) -> dict:
-        key = os.path.abspath(path)
-        if key not in self.rows:
-            raise KeyError(f"{path}: not in {self.out / MANIFEST}")
-        return self.rows[key]
-
     def __getitem__(self, path) -> torch.Tensor:
-        row = self.row(path)
-        if row["status"] != "ok":
-            raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
+        row = self.ok_row(path)
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
             lo, hi = f.get_slice("item_offsets")[row["index"]: row["index"] + 2].tolist()
             return f.get_slice("tokens")[lo:hi]
@@ -247,8 +232,10 @@ class Embeddings:
         return list(torch.split(tokens, (offsets[1:] - offsets[:-1]).tolist()))
 
     def pooled(self, path) -> torch.Tensor:
-        row = self.row(path)
+        row = self.ok_row(path)
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            if "pooled" not in f.keys():
+                raise KeyError(f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)")
             return f.get_slice("pooled")[row["index"]: row["index"] + 1][0]
 
     def mm_encoder_outputs(self, paths, device=None, dtype=None, model=None):

@@ -52,7 +52,8 @@ def prepare(item: Item, options: Options) -> Decoded:
         digest = sha256(item.path) if options.hash else None
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
         frames = decode(item.path, item.kind, options.sampling, options.video_backend, options.max_image_pixels,
-                        transform=lambda image: patchify(image, budget))
+                        transform=lambda image: patchify(image, budget),
+                        fit=budget if options.resize == "fast" else None)
         video = {}
         if item.kind == "video":
             video = {"frame_indices": frames.indices, "timestamps": frames.timestamps,

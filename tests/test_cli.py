@@ -54,7 +54,7 @@ def shard_tokens(out):
     return rows, tokens
 
 
-BASE = ["--device", "cpu", "--dtype", "float32", "--out-dtype", "float32", "--frames", "4", "--json", "-q"]
+BASE = ["--device", "cpu", "--resize", "exact", "--dtype", "float32", "--out-dtype", "float32", "--frames", "4", "--json", "-q"]
 
 
 @pytest.fixture(scope="module")

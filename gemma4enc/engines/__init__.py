@@ -21,4 +21,5 @@ class Run:
     bar: Callable  # bar(total files) -> a pipeline.Progress with advance() and close()
     log: Callable[[str], None]  # one message line for the user
     done: int  # files already done in OUT before this run, for the first log line
+    ready: Callable[[], None] = lambda: None  # call once the model is known good: records OUT's settings
 

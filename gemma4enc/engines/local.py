@@ -37,6 +37,7 @@ def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
     (tower, dtype, mode), towers = opened[0], [t for t, _, _ in opened]
     if len({(t.device.type, t.dtype) for t in towers}) > 1:
         raise UsageError("--devices: give devices of one kind (their outputs must be the same)")
+    run.ready()
     max_patches = min(budget_patches(t, options, mode) for t in towers) if todo else 0
     names = ", ".join(str(t.device) for t in towers)
     run.log(f"{run.done + len(todo)} files, {run.done} already done; {names}, {dtype}, "

@@ -203,6 +203,7 @@ def encode(todo: list[Item], run: Run) -> Summary:
     from ..model import find_checkpoint
 
     find_checkpoint(options.model)  # a wrong --model is told here, not by every actor in turn
+    run.ready()
     model = str(Path(options.model).resolve()) if Path(options.model).is_dir() else options.model
     options = replace(options, model=model)  # actors start elsewhere: no relative paths
     with connect(options.ray_address) as ray:

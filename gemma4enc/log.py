@@ -1,0 +1,85 @@
+"""What a person reads: messages on stderr (and in --log-file), durations, the summary line, reports.
+
+Progress lines and the summary carry a timestamp, so a cron log says when; the log file
+carries one on every line.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Sink:
+    """stderr unless quiet, and every line, timestamped, in the --log-file (opened for appending)."""
+
+    def __init__(self, quiet: bool = False, path=None):
+        self.quiet = quiet
+        self.file = open(path, "a", encoding="utf-8", errors="backslashreplace") if path else None
+
+    def __call__(self, text: str, stamp: bool = False, error: bool = False, screen: bool = True) -> None:
+        """One line; errors reach stderr even when quiet; screen=False: the log file only."""
+        now = time.strftime("%Y-%m-%d %H:%M:%S")
+        if error or (screen and not self.quiet):
+            print(f"{now} {text}" if stamp else text, file=sys.stderr, flush=True)
+        if self.file:
+            self.file.write(f"{now} {text}\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None
+
+
+def duration(seconds: float) -> str:
+    """45 s, 3 min 12 s, 2 h 05 min."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def summary_line(report: dict, shards: int, shard_bytes: int, seconds: float) -> str:
+    """"1,204 ok, 3 failed (decode_error 2, timeout 1), 2 shards, 412.0 MB, 3 min 12 s"."""
+    failed = {k: v for k, v in report["by_status"].items() if k != "ok"}
+    why = f" ({', '.join(f'{k} {v:,}' for k, v in sorted(failed.items()))})" if failed else ""
+    before = f", {report['done_before']:,} done before" if report["done_before"] else ""
+    return (f"{report['encoded']:,} ok, {report['failed']:,} failed{why}{before}; OUT holds {shards:,} shard(s), "
+            f"{size(shard_bytes)}; {duration(seconds)}")
+
+
+def _text(value) -> str:
+    if value is None or value == [] or value == {}:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_text(v) if not isinstance(v, dict) else '(' + _text(v) + ')'}" for k, v in value.items())
+    return str(value)
+
+
+def report_lines(report: dict) -> list[str]:
+    """A report as aligned `label  value` lines; a list of strings becomes one indented line each."""
+    width = max((len(k) for k in report), default=0)
+    lines = []
+    for key, value in report.items():
+        label = key.replace("_", " ").ljust(width)
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            lines.append(f"{label}  {len(value):,}")
+            lines += [f"{'':{width}}    {v}" for v in value]
+        else:
+            lines.append(f"{label}  {_text(value)}")
+    return lines
