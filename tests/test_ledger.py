@@ -214,3 +214,31 @@ def test_decode_workers_start_without_torch_or_transformers(tmp_path, monkeypatc
         pool.close()
     assert [r.status for r in results] == ["ok", "ok"] and all(r.patches for r in results)
     assert {r.error for r in results} == {"[]"}
+
+
+def test_a_compacted_folder_adopts_a_moved_root_and_heals_a_lost_shard(done, ckpt, tmp_path):
+    """Compaction (rows copied, some moved to rewritten shards) keeps what adoption and healing need."""
+    media, out, before, _ = done
+    (media / "p2.jpg").unlink()
+    assert json.loads(RUN.invoke(app, ["compact", str(out), "--prune", "--json"]).stdout)["shards_rewritten"] >= 1
+    moved = tmp_path / "disk2" / "media"
+    moved.parent.mkdir()
+    shutil.move(media, moved)  # a rename keeps the mtimes
+    again = encode([moved, "-o", out, "--model", ckpt, *BASE])
+    summary = json.loads(again.stdout)
+    assert again.exit_code == 0 and summary["encoded"] == 0 and summary["done_before"] == 5, again.output
+    emb = gemma4enc.open(out)
+    for name in ("p0.jpg", "p1.jpg", "p3.jpg", "p4.jpg", "p5.jpg"):
+        row = emb.row(moved / name)
+        assert row["root"] == str(moved) and row["rel"] == name
+        assert torch.equal(emb[moved / name], before[str(media / name)].to(emb[moved / name].dtype))
+    victim = out / emb.row(moved / "p0.jpg")["shard"]
+    held = {p for p in emb if p.startswith(str(moved)) and emb.row(p)["shard"] == victim.name}
+    victim.unlink()
+    healed = encode([moved, "-o", out, "--model", ckpt, *BASE])
+    assert healed.exit_code == 0 and json.loads(healed.stdout)["encoded"] == len(held) >= 1, healed.output
+    assert any(r["status"] == "shard_lost" for r in lines(out))  # superseded, then encoded again
+    emb = gemma4enc.open(out)
+    assert {str(moved / n) for n in ("p0.jpg", "p1.jpg", "p3.jpg", "p4.jpg", "p5.jpg")} <= set(emb)
+    assert not any(emb.row(p)["shard"] == victim.name for p in emb)  # old paths' rows into it are lost too
+    assert verify_ok(out)
