@@ -82,10 +82,12 @@ def write_output(out: Path, paths: list, ckpt: Path) -> None:
 
     from gemma4enc.ledger import MANIFEST, line_of
     from gemma4enc.options import Options
+    from gemma4enc.outdir import settings_of
 
     out.mkdir(parents=True)
-    (out / "settings.json").write_text(json.dumps(Options(model=str(ckpt), out_dtype="float32", image_tokens=70).fingerprint(),
-                                                  indent=2, default=vars))
+    # what a run with FLAGS records: the model's resolved path, the dtype it ran in, no hub revision
+    options = Options(model=str(Path(ckpt).resolve()), dtype="float32", out_dtype="float32", image_tokens=70)
+    (out / "settings.json").write_text(json.dumps(settings_of(options, {"revision": None}), indent=2))
     width = json.loads((ckpt / "config.json").read_text())["text_config"]["hidden_size"]
     meta = {"format_version": "1", "out_dtype": "float32", "hidden_size": str(width)}
     with open(out / MANIFEST, "wb") as f:
