@@ -244,6 +244,7 @@ def encode(
 ):
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     from .discover import discover
+    from .ledger import Ledger
     from .preflight import no_effect, remembered
 
     import time
@@ -280,11 +281,13 @@ def encode(
         )
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null, str(out))
+        ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
+        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null, str(out),
+                                  known=ledger.known_kind)
         from .run import encode_files  # torch and the rest: only once the flags are known to be good
 
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet, say),
-                              log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite)
+                              log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite, ledger=ledger)
         shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
         say(f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}", stamp=True)
     except BaseException as e:  # noqa: BLE001 - the one line Command prints goes to --log-file too
@@ -329,12 +332,15 @@ def plan(
     model: Annotated[Optional[str], typer.Option(help="Read the stored width from this checkpoint (folder or hub id in the HF cache) instead of --hidden-size.")] = None,
     hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
     out_dtype: OutDtype = DEFAULT.out_dtype,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Plan only what encode -o OUT has still to do (files done there are not opened).")] = None,
     json_out: Json = False,
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     import os
 
     from .discover import discover
+
+    from .ledger import Ledger
 
     options = Options(image_tokens=image_tokens, video_tokens=video_tokens,
                       sampling=_sampling(frames, fps, max_frames), out_dtype=out_dtype)
@@ -344,14 +350,19 @@ def plan(
             found.append(root)
         else:
             typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
-    items, skipped = discover(found, files_from, include or [], exclude or [], hidden, null)
+    ledger = Ledger.load(out) if out else None
+    items, skipped = discover(found, files_from, include or [], exclude or [], hidden, null,
+                              str(out) if out else None, known=ledger.known_kind if ledger else None)
+    todo = _not_done(items, ledger) if ledger else items
     if model:
         from .model import find_checkpoint
 
         hidden_size = find_checkpoint(model).config.text_config.hidden_size  # what embed_vision projects to
     from .report import plan_report
 
-    report = plan_report(items, options, hidden_size)
+    report = plan_report(todo, options, hidden_size)
+    if ledger:
+        report["done_before"] = len(items) - len(todo)
     report["skipped_not_media"] = skipped
     if json_out:
         typer.echo(json.dumps(report, indent=2))
@@ -359,6 +370,14 @@ def plan(
         from .log import report_lines
 
         typer.echo("\n".join(report_lines(report)))
+
+
+def _not_done(items, ledger) -> list:
+    """The files encode -o OUT would do (by size and mtime, as a run without --hash decides)."""
+    from .outdir import LOST
+
+    return [i for i in items if (e := ledger.get(i.path)) is None or (e.size, e.mtime_ns) != (i.size, i.mtime_ns)
+            or e.status == LOST]
 
 
 @command()
@@ -403,16 +422,38 @@ def _repair(out: Path, shards: list[str]) -> int:
     import os
     import subprocess
 
+    from .ledger import Ledger
     from .outdir import LOST, Lock, mark_lost
-    from .shards import read_manifest
 
     with Lock(out):
-        mark_lost(out, set(shards))
-        paths = [p for p, r in read_manifest(out).items() if r["status"] == LOST]
+        ledger = Ledger.load(out)
+        mark_lost(out, set(shards), ledger)
+        paths = [p for p, e in ledger.entries() if e.status == LOST]
     listing = b"".join(os.fsencode(p) + b"\0" for p in paths)
     subprocess.run([sys.executable, "-m", "gemma4enc", "encode", "--files-from", "-", "-0", "-o", str(out), "-q"],
                    input=listing, check=False)  # its rows say how each file went; the second verify tells
     return len(paths)
+
+
+@command()
+def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help="Also drop the rows and tokens of inputs that no longer exist.")] = False,
+            json_out: Json = False):
+    """Rewrite the manifest with one row per file (the latest), under OUT's lock."""
+    from .ledger import Ledger
+    from .outdir import Lock, compact as rewrite, repair
+
+    if not (out / "manifest.jsonl").exists():
+        raise UsageError(f"{out}: no manifest.jsonl; is this a gemma4enc output folder?")
+    with Lock(out):
+        ledger = Ledger(out)  # read once, by repair; compact reads on from there
+        notes = repair(out, ledger)
+        report = rewrite(out, ledger, prune=prune) | {"notes": notes}
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(f"{report['out']}: {report['rows_before']} rows → {report['rows_after']}; pruned "
+                   f"{report['pruned']} file(s), {report['pruned_tokens']:,} tokens, {report['shards_rewritten']} "
+                   "shard(s) rewritten")
 
 
 @command()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 import sys
-from dataclasses import dataclass, replace
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from .errors import UsageError
 
@@ -17,7 +18,7 @@ VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", 
 SNIFF_BYTES = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million of them fit in ~100 MB
 class Item:
     path: str  # absolute path, symlinks not resolved: the name the user knows
     kind: str  # "image" | "video" | "unknown"
@@ -59,20 +60,31 @@ def kind_of(path: str, head: bytes) -> str:
     return "unknown"
 
 
-def look(path: str) -> Item:
-    """stat + sniff one path; failures become an Item with `error`, never an exception."""
+# (path, size, mtime_ns) → the kind its manifest row records, or None: such a file is not opened
+Known = Callable[[str, int, int], "str | None"]
+
+
+def look(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None) -> Item:
+    """stat + sniff one path; failures become an Item with `error`, never an exception.
+
+    A file `known` recognises (same size and mtime as its row) is only stat'ed: a re-run over
+    a million known files costs a million stats, not a million opens. `root`/`rel`: where a
+    walk found it, kept on the Item (also on a failed one)."""
     try:
         st = os.stat(path)
-        if not os.path.isfile(path):  # a FIFO or device is never opened: reading one could hang
-            return Item(path, _ext_kind(path), 0, 0, error="not a regular file")
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
+            return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel)
+        kind = known(path, st.st_size, st.st_mtime_ns) if known else None
+        if kind:
+            return Item(path, kind, st.st_size, st.st_mtime_ns, None, root, rel)
         with open(path, "rb") as f:
             head = f.read(SNIFF_BYTES)
     except FileNotFoundError:
         reason = "broken symlink" if os.path.islink(path) else "file not found"
-        return Item(path, _ext_kind(path), 0, 0, error=reason)
+        return Item(path, _ext_kind(path), 0, 0, reason, root, rel)
     except OSError as e:
-        return Item(path, _ext_kind(path), 0, 0, error=f"cannot read: {e.strerror or e}")
-    return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns)
+        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel)
+    return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns, None, root, rel)
 
 
 def _ext_kind(path: str) -> str:
@@ -128,16 +140,18 @@ def _listed(files_from: str, null: bool = False) -> list[str]:
 
 
 def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
-             hidden: bool = False, null: bool = False, out: str | None = None) -> tuple[list[Item], int]:
+             hidden: bool = False, null: bool = False, out: str | None = None,
+             known: Known | None = None) -> tuple[list[Item], int]:
     """(media items in one stable sorted order, count of files skipped as not media).
 
     Files named explicitly (a root that is a file, or a --files-from line) are always kept,
     so an unsupported one gets a row saying so; files found by walking are kept only when
     they look like media. A listed folder is walked like a root; OUT is never walked.
     With `null` the list's names end in NUL bytes (find -print0): a name may hold a newline.
+    `known`: see look().
     """
     named: list[str] = []
-    walked: list[tuple[str, str]] = []  # (path, path relative to its root: what globs see)
+    walked: list[tuple[str, str, str]] = []  # (path, path relative to its root: what globs see, root)
     listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []
     for root in roots:
@@ -145,7 +159,9 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
             raise UsageError(f"{root}: no such file or folder")
     for root in [*roots, *listed]:
         if os.path.isdir(root):
-            walked += [(p, os.path.relpath(p, root), root) for p in walk(root, hidden, unlisted, skip=out)]
+            root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
+            cut = len(root) if root.endswith(os.sep) else len(root) + 1  # each path is root + sep + rel
+            walked += [(p, p[cut:], root) for p in walk(root, hidden, unlisted, skip=out)]
         else:
             named.append(root)
     items: dict[str, Item] = {}
@@ -153,13 +169,12 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
         path = os.path.abspath(path)
         items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}")
     skipped = 0
-    candidates = [(p, p, True, None) for p in named] + [(p, rel, False, root) for p, rel, root in walked]
+    candidates = [(os.path.abspath(p), p, True, None) for p in named] + [(p, rel, False, root) for p, rel, root in walked]
+    include, exclude = list(include), list(exclude)
     for path, rel, explicit, root in candidates:
-        if not _matches(rel, list(include), list(exclude)):
+        if (include or exclude) and not _matches(rel, include, exclude):
             continue
-        item = look(os.path.abspath(path))
-        if root is not None:
-            item = replace(item, root=os.path.abspath(root), rel=rel)
+        item = look(path, known, root, None if root is None else rel)
         if item.kind == "unknown" and not explicit:
             skipped += 1
             continue

@@ -1,6 +1,9 @@
 """Errors that end a run: before it starts (exit code 2), after too many failures (3), or when its
 output cannot be written (4)."""
 
+import re
+from pathlib import Path
+
 
 class UsageError(Exception):
     """A bad flag, model, device or output folder: one line for the user, exit code 2."""
@@ -19,3 +22,16 @@ def first_lines(messages: list[str], limit: int = 3) -> str:
     shown = "; ".join(messages[:limit])
     more = len(messages) - limit
     return shown + (f" … ({more} more)" if more > 0 else "")
+
+
+def reason(e: Exception) -> str:
+    """An OSError's or a SafetensorError's reason in words. A SafetensorError has no strerror: it
+    wraps the OS error in its message ("Error while serializing: I/O error: No space left on device
+    (os error 28)")."""
+    found = re.search(r'([^:"]+) \(os error \d+\)', str(e))
+    return getattr(e, "strerror", None) or (found and found.group(1).strip()) or str(e).splitlines()[0]
+
+
+def output_error(what: str, out: Path, e: Exception) -> OutputError:
+    return OutputError(f"cannot write {what} in {out}: {reason(e)}; the files finished before are saved, "
+                       "re-run to resume once it is writable")

@@ -17,11 +17,14 @@ from pathlib import Path
 from .discover import Item
 from .errors import UsageError
 from .options import Options
+from .ledger import MANIFEST, SHARD_RE, TEMP_RE, Ledger, append_rows, atomic_write, line_of, temp_name
 from .preflight import SETTINGS  # noqa: F401 - kept where the CLI can read it without torch
-from .shards import MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write, read_manifest, temp_name
 
 LOCK = "gemma4enc.lock"
 LOST = "shard_lost"  # a row whose shard went missing or unreadable: always encoded again
+# a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
+# then the rewrite costs no more than the rows appended since the last one
+AUTO_COMPACT_ROWS = 100_000
 
 
 class Lock:
@@ -120,11 +123,13 @@ def settings_of(options: Options, extra: dict | None = None) -> dict:
     return json.loads(json.dumps(options.fingerprint() | (extra or {})))
 
 
-def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dict | None = None) -> list[str]:
+def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dict | None = None,
+                ledger: Ledger | None = None) -> list[str]:
     """Prove OUT writable, check its settings, clear a killed run's leftovers.
 
-    Call with the lock held. The settings are written by write_settings once the model has
-    loaded: a run that fails before leaves none that would refuse the corrected command.
+    Call with the lock held; `ledger` (OUT's manifest, read before the lock was taken) is brought
+    up to date. The settings are written by write_settings once the model has loaded: a run
+    that fails before leaves none that would refuse the corrected command.
     Returns notes for the log (what was cleaned up).
     """
     try:
@@ -153,7 +158,7 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dic
             detail = ", ".join(f"{k}: {theirs.get(k)!r} → {mine.get(k)!r}" for k in changed)
             raise UsageError(f"{out} was made with other settings ({detail}); use another --out, "
                              "or --overwrite to replace its contents")
-    return notes + repair(out)
+    return notes + repair(out, ledger)
 
 
 def write_settings(out: Path, options: Options, extra: dict | None = None) -> None:
@@ -164,22 +169,21 @@ def write_settings(out: Path, options: Options, extra: dict | None = None) -> No
         atomic_write(path, lambda tmp: tmp.write_text(json.dumps(mine, indent=2)))
 
 
-def repair(out: Path) -> list[str]:
+def repair(out: Path, ledger: Ledger | None = None) -> list[str]:
     """Undo what a kill can leave: a torn last manifest line, temp files, shards no row names."""
     notes = []
+    ledger = (ledger or Ledger(out)).refresh()  # stops before a torn last line: ledger.end is where it starts
     manifest = out / MANIFEST
-    if manifest.exists():
-        data = manifest.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with open(manifest, "rb+") as f:  # the next append must start on a line of its own
-                f.truncate(data.rfind(b"\n") + 1)
-                os.fsync(f.fileno())
-            notes.append("dropped a torn last line of the manifest (its file will be encoded again)")
+    if manifest.exists() and manifest.stat().st_size > ledger.end:
+        with open(manifest, "rb+") as f:  # the next append must start on a line of its own
+            f.truncate(ledger.end)
+            os.fsync(f.fileno())
+        notes.append("dropped a torn last line of the manifest (its file will be encoded again)")
     temps = [p for p in out.iterdir() if TEMP_RE.match(p.name)]
     for p in temps:
         p.unlink(missing_ok=True)
-    notes += mark_lost(out, broken_shards(out))
-    named = {r.get("shard") for r in read_manifest(out).values()}  # shards only older rows name are dead too
+    notes += mark_lost(out, broken_shards(out, ledger), ledger)
+    named = ledger.shards()  # shards only older rows name are dead too
     orphans = [p for p in out.iterdir() if SHARD_RE.match(p.name) and p.name not in named]
     for p in orphans:
         p.unlink(missing_ok=True)
@@ -188,33 +192,37 @@ def repair(out: Path) -> list[str]:
     return notes
 
 
-def broken_shards(out: Path) -> set[str]:
+def broken_shards(out: Path, ledger: Ledger) -> set[str]:
     """Shards that ok rows name but that are gone or whose header cannot be read (cheap: headers only)."""
     from safetensors import safe_open
 
     broken = set()
-    for name in {r["shard"] for r in read_manifest(out).values() if r["status"] == "ok" and r.get("shard")}:
+    for name in ledger.shards():  # only ok rows name a shard
         try:
-            with safe_open(str(out / name), framework="pt"):
+            with safe_open(str(out / name), framework="numpy"):  # not "pt": a no-op run never imports torch
                 pass
         except Exception:  # noqa: BLE001 - missing, truncated, garbage: all mean its tokens are lost
             broken.add(name)
     return broken
 
 
-def mark_lost(out: Path, shards: set[str]) -> list[str]:
+def mark_lost(out: Path, shards: set[str], ledger: Ledger) -> list[str]:
     """Rows into these shards are superseded by LOST rows, before any new shard could take a name."""
+    if not shards:
+        return []
+    offsets = [e.offset for _, e in ledger.entries() if e.status == "ok" and e.shard in shards]
     rows = [r | {"status": LOST, "error": f"its shard {r['shard']} was missing or unreadable; the next run "
                  "encodes it again", "shard": None, "index": None, "tokens": 0, "frames": 0}
-            for r in read_manifest(out).values() if r["status"] == "ok" and r.get("shard") in shards]
+            for r in ledger.rows_at(offsets)]
     append_rows(out, rows)
+    ledger.refresh()
     if not rows:
         return []
     return [f"{len(shards)} shard(s) missing or unreadable ({', '.join(sorted(shards)[:3])}): "
             f"their {len(rows)} file(s) are encoded again"]
 
 
-def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
+def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger | None = None) -> list[Item]:
     """Files without a row for their current content: new, changed, or failed with --retry-failed.
 
     Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
@@ -222,20 +230,16 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
     A file with no row under its path but an ok row with its path relative to its root, size and
     mtime (--hash: content) is the same file under a moved or remounted root: that row is adopted.
     """
-    rows = read_manifest(out)
-    by_rel: dict[tuple, list[dict]] = {}
-    for r in rows.values():
-        if r["status"] == "ok" and r.get("rel"):
-            by_rel.setdefault((r["rel"], r["size"]), []).append(r)
+    ledger = ledger or Ledger.load(out)
     todo, refreshed = [], []
     for item in items:
-        row = rows.get(item.path)
-        if row is None and (adopted := _adopt(item, by_rel.get((item.rel, item.size), []), options)):
+        row = ledger.get(item.path)
+        if row is None and (adopted := _adopt(item, ledger, options)):
             refreshed.append(adopted)
-        elif row is None or row.get("size") != item.size or row["status"] == LOST or (
-                options.retry_failed and row["status"] != "ok"):
+        elif row is None or row.size != item.size or row.status == LOST or (
+                options.retry_failed and row.status != "ok"):
             todo.append(item)
-        elif options.hash and row["status"] == "ok" and not item.error:
+        elif options.hash and row.status == "ok" and not item.error:
             from .workers import sha256
 
             try:
@@ -243,21 +247,95 @@ def still_to_do(items: list[Item], out: Path, options: Options) -> list[Item]:
             except OSError:
                 todo.append(item)  # let decode say why it cannot be read
                 continue
-            if row.get("sha256") is None and row.get("mtime_ns") == item.mtime_ns:
-                refreshed.append(row | {"sha256": digest})  # --hash turned on: hash what is there, keep it
-            elif digest != row.get("sha256"):
+            if ledger.digest(item.path) is None and row.mtime_ns == item.mtime_ns:
+                refreshed.append(ledger.row(item.path) | {"sha256": digest})  # --hash turned on: hash what is there, keep it
+            elif digest != ledger.digest(item.path):
                 todo.append(item)
-            elif row.get("mtime_ns") != item.mtime_ns:
-                refreshed.append(row | {"mtime_ns": item.mtime_ns})
-        elif row.get("mtime_ns") != item.mtime_ns:
+            elif row.mtime_ns != item.mtime_ns:
+                refreshed.append(ledger.row(item.path) | {"mtime_ns": item.mtime_ns})
+        elif row.mtime_ns != item.mtime_ns:
             todo.append(item)
     append_rows(out, refreshed)
     return todo
 
 
-def _adopt(item: Item, rows: list[dict], options: Options) -> dict | None:
+def maybe_compact(out: Path, ledger: Ledger) -> str | None:
+    """Compact once the manifest is mostly superseded rows (call under the lock, at the end of a run)."""
+    dead = ledger.superseded + ledger.unreadable
+    if dead < max(AUTO_COMPACT_ROWS, len(ledger)):
+        return None
+    report = compact(out, ledger)
+    return f"compacted {MANIFEST}: {report['rows_before']} rows → {report['rows_after']}"
+
+
+def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dict:
+    """Rewrite the manifest with each file's latest row only; with prune, only files that still exist.
+
+    Call under the lock. Pruned files' tokens go too: each shard holding one is copied without
+    it under a new name first, then the manifest is replaced (temp, fsync, rename), then the old
+    shards are removed. A kill at any point leaves a valid folder (at worst unnamed shards, which
+    the next run clears).
+    """
+    out = Path(out)
+    ledger = (ledger or Ledger(out)).refresh()
+    if not ledger.path.exists():
+        raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
+    gone = {ledger.get(p).offset: p for p in ledger if not os.path.exists(p)} if prune else {}
+    moved, replaced = _rewrite_shards(out, ledger, gone) if gone else ({}, [])  # before the manifest: see above
+    live = ledger.live_offsets()
+
+    def write(tmp: Path) -> None:
+        with open(ledger.path, "rb") as src, open(tmp, "wb") as dst:
+            offset, at = 0, 0
+            for line in src:
+                if offset >= ledger.end:
+                    break  # a torn tail; under the lock nothing else is appended
+                if at < len(live) and offset == live[at]:
+                    at += 1
+                    if offset in moved:
+                        dst.write(line_of(json.loads(line) | moved[offset]))
+                    elif offset not in gone:
+                        dst.write(line)
+                offset += len(line)
+
+    before = ledger.lines
+    atomic_write(ledger.path, write)
+    tokens = sum(ledger.get(p).tokens for p in gone.values())
+    ledger.refresh()  # the manifest is a new file now: read anew
+    named = ledger.shards()
+    for p in out.iterdir():  # the shards pruned files left, and those only superseded rows named
+        if SHARD_RE.match(p.name) and p.name not in named:
+            p.unlink(missing_ok=True)
+    return {"out": str(out), "rows_before": before, "rows_after": len(ledger), "pruned": len(gone),
+            "pruned_tokens": tokens, "shards_rewritten": len(replaced)}
+
+
+def _rewrite_shards(out: Path, ledger: Ledger, gone: dict[int, str]) -> tuple[dict[int, dict], list[str]]:
+    """Copy every shard that holds a pruned file without it; (offset → new shard/index, old shard names)."""
+    from .shards import LOCAL_NAME, next_shard_number, rewrite_shard
+
+    by_shard: dict[str, list[tuple[int, int]]] = {}
+    for _, e in ledger.entries():
+        if e.shard and e.index >= 0:
+            by_shard.setdefault(e.shard, []).append((e.index, e.offset))
+    hit = sorted({ledger.get(p).shard for p in gone.values()} & set(by_shard))
+    moved, number = {}, next_shard_number(out)
+    for name in hit:
+        kept = sorted((i, off) for i, off in by_shard[name] if off not in gone)
+        if kept:
+            new = LOCAL_NAME.format(number)
+            number += 1
+            rewrite_shard(out / name, [i for i, _ in kept], out / new)
+            moved.update({off: {"shard": new, "index": j} for j, (_, off) in enumerate(kept)})
+    return moved, hit
+
+
+def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
     """The row of `item` under its old root, moved to its new path; None if none is the same file."""
-    if item.error or not rows:
+    if item.error or item.rel is None:
+        return None
+    found = list(ledger.same_rel(item.rel, item.size))
+    if not found:
         return None
     digest = None
     if options.hash:
@@ -267,9 +345,10 @@ def _adopt(item: Item, rows: list[dict], options: Options) -> dict | None:
             digest = sha256(item.path)
         except OSError:
             return None
-    for row in rows:
-        same = row.get("sha256") == digest if digest and row.get("sha256") else row.get("mtime_ns") == item.mtime_ns
+    for path, entry in found:
+        saved = ledger.digest(path)
+        same = saved == digest if digest and saved else entry.mtime_ns == item.mtime_ns
         if same:
             moved = {"path": item.path, "root": item.root, "rel": item.rel, "mtime_ns": item.mtime_ns}
-            return row | moved | ({"sha256": digest} if digest else {})
+            return ledger.row(path) | moved | ({"sha256": digest} if digest else {})
     return None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .discover import Item
-from .errors import TooManyFailures
+from .errors import TooManyFailures  # noqa: F401 - raised here, imported from here by the engines
 from .options import Options
 from .plan import Unit, batches
 from .shards import ShardWriter
@@ -118,12 +118,13 @@ class Encoder:
 
 
 def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, mode: str, max_patches: int,
-        progress: Progress | None = None, window_patches: int | None = None) -> Summary:
+        progress: Progress | None = None, window_patches: int | None = None, pool: DecodePool | None = None) -> Summary:
     """Encode every item; rows and shards go to `writer`. Returns counts for the summary.
 
     With several towers (--devices) each window goes to the first free one, so devices share
     the work by its size, and since a window is planned the same way whatever runs it, the
-    output equals a single-device run's. Windows are recorded in input order."""
+    output equals a single-device run's. Windows are recorded in input order.
+    `pool`: decode workers already started (see DecodePool.start); by default made here."""
     progress = progress or Progress()
     encoders = [Encoder(t, mode, max_patches) for t in towers]
     free: queue.SimpleQueue[Encoder] = queue.SimpleQueue()
@@ -145,7 +146,7 @@ def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, 
 
     window: list[Decoded] = []
     size = 0
-    pool = DecodePool(options, options.workers, options.decode_timeout)
+    pool = pool or DecodePool(options, options.workers, options.decode_timeout)
     decoded = pool.map(items)
     try:
         for d in decoded:

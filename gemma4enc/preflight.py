@@ -21,15 +21,20 @@ SETTINGS = "settings.json"  # OUT's record of the settings that shape the output
 FLAGS = ("model", "dtype", "image_tokens", "video_tokens", "resize", "seek", "out_dtype", "pooled")
 
 
-def preflight(options: Options) -> tuple[Options, dict]:
+def preflight(options: Options, light: bool = False) -> tuple[Options, dict]:
     """(options with the model path and dtype resolved, what else settings.json records).
 
-    Raises UsageError for a model that is not there or a device this machine lacks."""
+    Raises UsageError for a model that is not there or a device this machine lacks. `light`
+    (a re-run into a folder whose settings a loaded model wrote): a local model with a stated
+    dtype is only resolved, without torch or transformers; the caller checks it fully once
+    there is work."""
+    local = Path(options.model).expanduser().is_dir()
+    model = str(Path(options.model).expanduser().resolve()) if local else options.model
+    if light and local and options.dtype != "auto":
+        return replace(options, model=model), {"revision": None}
     from .model import devices, dtype_name, find_checkpoint, parse_device
 
     ckpt = find_checkpoint(options.model)
-    local = Path(options.model).expanduser().is_dir()
-    model = str(Path(options.model).expanduser().resolve()) if local else options.model
     dtype = options.dtype
     if options.engine == "local":  # a Ray actor's device is only known where it runs
         found = [parse_device(d) for d in devices(options)]

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
-
-import torch
-from safetensors import safe_open
 
 from .decode import Sampling
 from .discover import Item
 from .errors import UsageError
+from .ledger import MANIFEST, SHARD_RE, TEMP_RE, Ledger
 from .options import Options
 from .outdir import SETTINGS, running
-from .shards import MANIFEST, OUT_DTYPES, SHARD_RE, TEMP_RE, read_manifest
 
 CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stays small for 1 GB shards
 OFFSETS = ("item_offsets", "frame_offsets", "item_frames")
@@ -60,7 +57,7 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
             continue
         buckets[n] += count
         tokens += count * n // (POOL * POOL)
-    width = OUT_DTYPES[options.out_dtype].itemsize
+    width = {"bfloat16": 2, "float16": 2, "float32": 4}[options.out_dtype]  # no torch for a dry run
     return {
         "files": len(items), "by_kind": dict(kinds), "unreadable": unreadable, "tower_items": sum(buckets.values()),
         "distinct_patch_counts": len(buckets), "largest_buckets": dict(buckets.most_common(8)),
@@ -92,20 +89,26 @@ def _settings(out: Path) -> dict | None:
 
 
 def inspect_report(out: Path) -> dict:
+    """One pass over the manifest into the compact ledger; whole rows are read for failures only."""
     out = _output_folder(out)
-    rows = read_manifest(out)
-    status = Counter(r["status"] for r in rows.values())
-    named = {r["shard"] for r in rows.values() if r.get("shard")}
+    ledger = Ledger.load(out)
+    status, kinds, tokens, deleted, failed = Counter(), Counter(), 0, 0, []
+    for path, e in ledger.entries():
+        status[e.status] += 1
+        kinds[e.kind] += 1
+        tokens += e.tokens
+        deleted += not os.path.exists(path)
+        if e.status != "ok" and len(failed) < 20:
+            failed.append(e.offset)
+    named = ledger.shards()
     on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
-    failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in rows.values() if r["status"] != "ok"]
+    failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in ledger.rows_at(failed)]
     return {
-        "out": str(out), "running": running(out), "files": len(rows), "by_status": dict(status),
-        "by_kind": dict(Counter(r["kind"] for r in rows.values())),
-        "tokens": sum(r.get("tokens") or 0 for r in rows.values()), "shards": len(on_disk),
+        "out": str(out), "running": running(out), "files": len(ledger), "by_status": dict(status),
+        "by_kind": dict(kinds), "tokens": tokens, "shards": len(on_disk),
         "missing_shards": sorted(named - on_disk), "orphan_shards": sorted(on_disk - named),
-        "deleted_inputs": sum(1 for p in rows if not os.path.exists(p)),
-        "settings": _settings(out),
-        "failures": failures[:20],
+        "deleted_inputs": deleted, "settings": _settings(out), "failures": failures,
+        "superseded_rows": ledger.superseded,
     }
 
 
@@ -113,17 +116,17 @@ def verify(out: Path) -> dict:
     out = _output_folder(out)
     problems: list[str] = []
     warnings: list[str] = []
-    torn = _unreadable_lines(out / MANIFEST)
+    ledger = Ledger.load(out)  # one pass; each shard's rows are read back by offset when it is checked
+    torn = ledger.unreadable + (ledger.path.stat().st_size > ledger.end)
     if torn:
         warnings.append(f"{MANIFEST}: {torn} unreadable line(s) (a killed run's; their files are encoded again)")
-    rows = read_manifest(out)
-    by_shard: dict[str, list[dict]] = defaultdict(list)
-    for row in rows.values():
-        if row["status"] == "ok":
-            if not row.get("shard") or row.get("index") is None:
-                problems.append(f"{row['path']}: status ok but no shard/index")
+    by_shard: dict[str, list[int]] = {}  # shard → offsets of the rows that point into it
+    for path, e in ledger.entries():
+        if e.status == "ok":
+            if not e.shard or e.index < 0:
+                problems.append(f"{path}: status ok but no shard/index")
             else:
-                by_shard[row["shard"]].append(row)
+                by_shard.setdefault(e.shard, []).append(e.offset)
     on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
     missing = sorted(set(by_shard) - on_disk)
     orphans = sorted(on_disk - set(by_shard))
@@ -137,31 +140,22 @@ def verify(out: Path) -> dict:
     tokens = 0
     bad = set(missing)
     for name in sorted(set(by_shard) & on_disk):
-        found, n = check_shard(out / name, by_shard[name], settings)
+        found, n = check_shard(out / name, list(ledger.rows_at(by_shard[name])), settings)
         problems += [f"{name}: {p}" for p in found]
         tokens += n
         bad |= {name} if found else set()
     return {
-        "out": str(out), "ok": not problems, "files": len(rows),
+        "out": str(out), "ok": not problems, "files": len(ledger),
         "encoded": sum(len(v) for v in by_shard.values()), "shards": len(on_disk),
         "tokens_checked": tokens, "missing_shards": missing, "orphan_shards": orphans,
         "bad_shards": sorted(bad), "problems": problems, "warnings": warnings,
     }
 
 
-def _unreadable_lines(path: Path) -> int:
-    bad = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                json.loads(line)
-            except ValueError:
-                bad += 1
-    return bad
-
-
 def check_shard(path: Path, rows: list[dict], settings: dict) -> tuple[list[str], int]:
     """(problems, tokens read) for one shard and the rows that point into it."""
+    from safetensors import safe_open
+
     try:
         with safe_open(str(path), framework="pt") as f:
             return _check_open(f, rows, settings)
@@ -170,6 +164,8 @@ def check_shard(path: Path, rows: list[dict], settings: dict) -> tuple[list[str]
 
 
 def _check_open(f, rows: list[dict], settings: dict) -> tuple[list[str], int]:
+    import torch
+
     meta = f.metadata() or {}
     keys = set(f.keys())
     need = {"tokens", *OFFSETS}

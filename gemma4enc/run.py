@@ -8,41 +8,56 @@ from pathlib import Path
 
 from .discover import Item
 from .engines import Run
-from .errors import TooManyFailures, UsageError, first_lines
-from .model import resolve_dtype
+from .errors import TooManyFailures, UsageError, first_lines, reason
+from .ledger import MANIFEST, Ledger
 from .options import Options
-from .outdir import Lock, describe, prepare_out, still_to_do, write_settings
-from .shards import MANIFEST, read_manifest, reason
+from .outdir import SETTINGS, Lock, describe, maybe_compact, prepare_out, still_to_do, write_settings
 
 
-def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False) -> dict:
-    """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints."""
+def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
+                 ledger: Ledger | None = None) -> dict:
+    """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints.
+
+    `ledger`: OUT's manifest as discovery read it (read on here, not again from the start).
+    """
     from .preflight import preflight
 
     out = Path(out)
     log = log or (lambda message: None)
-    options, extra = preflight(options)  # before OUT is touched
-    options = replace(options, dtype=resolve_dtype(options))  # auto decided once: recorded and used alike
+    # a re-run into a folder a loaded model made checks the model and devices only if there is work
+    light = not overwrite and (out / SETTINGS).exists()
+    options, extra = preflight(options, light=light)  # before OUT is touched
+    if options.dtype == "auto":  # decided once: recorded and used alike (a Ray run's driver decides)
+        from .model import resolve_dtype
+
+        options = replace(options, dtype=resolve_dtype(options))
     created = not out.exists()
     try:
         with _locked(out) as lock:
             if lock.previous:
                 log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
-            for note in prepare_out(out, options, overwrite, extra):
+            ledger = ledger or Ledger(out)
+            for note in prepare_out(out, options, overwrite, extra, ledger):
                 log(note)
-            todo = still_to_do(items, out, options)
+            todo = still_to_do(items, out, options, ledger)
+            if todo and light:
+                options, extra = preflight(options)  # now the model will load: find it, check the devices
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
+            run = Run(out, options, bar, log, done=len(items) - len(todo), ready=ready)
             try:
-                summary = _engine(options.engine)(todo, Run(out, options, bar, log, done=len(items) - len(todo),
-                                                            ready=ready))
+                summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not light)
             except TooManyFailures as e:
                 raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
+            ledger.refresh()  # only the rows this run appended
+            failures = [f"{Path(i.path).name}: {r.status}" for i in todo
+                        if (r := ledger.get(i.path)) and r.status != "ok"]
+            note = maybe_compact(out, ledger)
+            if note:
+                log(note)
     except UsageError:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # the folder this run made for nothing
         raise
-    rows = read_manifest(out)
-    failures = [f"{Path(r['path']).name}: {r['status']}" for i in todo if (r := rows.get(i.path)) and r["status"] != "ok"]
     if failures:
         log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
     return {
@@ -77,3 +92,24 @@ def _engine(name: str):
     else:
         from .engines.local import encode
     return encode
+
+
+def _nothing_to_do(run: Run, checked: bool):
+    """Every file has its row: no model, no decode workers, no Ray (and no torch import).
+
+    `checked`: preflight found the model (a folder this run made): its settings are recorded as
+    a loaded model's would be. A re-run's settings already name the model that worked."""
+    from types import SimpleNamespace
+
+    options = run.options
+    if checked:
+        run.ready()
+    summary = SimpleNamespace(files=0, ok=0, failed=0, by_status={}, frames=0, tokens=0, patches=0, seconds=0.0)
+    if options.engine == "ray":
+        run.log(f"{run.done} files, all done already; Ray not started")
+        summary.where = {"ray_address": options.ray_address or "local"}
+    else:
+        run.log(f"{run.done} files, all done already; model not loaded")
+        names = ", ".join(options.devices.split(",")) if options.devices else options.device
+        summary.where = {"device": names, "dtype": options.dtype, "batching": options.batching, "max_batch_patches": 0}
+    return summary

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +24,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ._version import __version__
-from .errors import OutputError
+from .errors import OutputError, output_error, reason  # noqa: F401 - re-exported
+from .ledger import (MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write,  # noqa: F401 - re-exported
+                     read_manifest, temp_name)
 from .npreader import Rows
 
 if TYPE_CHECKING:
@@ -33,62 +34,8 @@ if TYPE_CHECKING:
     from .tower import Tower
 
 FORMAT_VERSION = "1"
-MANIFEST = "manifest.jsonl"
-# shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
-SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
+LOCAL_NAME = "shard-{:06d}.safetensors"
 OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-# our temp files, and only ours (a user's .draft.tmp in OUT is never touched): .gemma4enc-<name>.<pid>.tmp,
-# and the names earlier versions used (.<our file>.<pid>.tmp, .write-test-<pid>.tmp)
-TEMP_RE = re.compile(r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
-                     r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$")
-
-
-def temp_name(name: str) -> str:
-    return f".gemma4enc-{name}.{os.getpid()}.tmp"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
-def reason(e: Exception) -> str:
-    """An OSError's or a SafetensorError's reason in words. A SafetensorError has no strerror: it
-    wraps the OS error in its message ("Error while serializing: I/O error: No space left on device
-    (os error 28)")."""
-    found = re.search(r'([^:"]+) \(os error \d+\)', str(e))
-    return getattr(e, "strerror", None) or (found and found.group(1).strip()) or str(e).splitlines()[0]
-
-
-def output_error(what: str, out: Path, e: Exception) -> OutputError:
-    return OutputError(f"cannot write {what} in {out}: {reason(e)}; the files finished before are saved, "
-                       "re-run to resume once it is writable")
-
-
-def atomic_write(path: Path, write) -> None:
-    """write(tmp_path), then fsync and rename into place: readers never see half a file."""
-    tmp = path.with_name(temp_name(path.name))
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # safetensors writes 0600; others may need to read the shards
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # the folder went unwritable; the next run's cleanup removes it
-
-
 def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
     """Shard header: everything a reader needs to know what the numbers are."""
     ckpt = tower.checkpoint
@@ -129,9 +76,8 @@ class ShardWriter:
         self.out.mkdir(parents=True, exist_ok=True)
         self.on_rows = on_rows or (lambda rows: append_rows(self.out, rows))
         if name is None:
-            self.next_shard = 1 + max((int(m.group(1)) for p in self.out.iterdir()
-                                       if (m := SHARD_RE.match(p.name)) and m.group(1).isdigit()), default=-1)
-            name = "shard-{:06d}.safetensors".format
+            self.next_shard = next_shard_number(self.out)
+            name = LOCAL_NAME.format
         else:
             self.next_shard = 0
         self.name = name
@@ -224,32 +170,34 @@ class ShardWriter:
         return tensors
 
 
-def append_rows(out: Path, rows: list[dict]) -> None:
-    """Append whole lines and fsync: a kill leaves at most a torn last line, which readers skip."""
-    if not rows:
-        return
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    # a file name that is not UTF-8 holds lone surrogates: written as \udcXX escapes, JSON reads it back
-    with open(Path(out) / MANIFEST, "a", encoding="utf-8", errors="backslashreplace") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+def next_shard_number(out: Path) -> int:
+    """Local shards are numbered on from the folder's highest."""
+    return 1 + max((int(m.group(1)) for p in Path(out).iterdir()
+                    if (m := SHARD_RE.match(p.name)) and m.group(1).isdigit()), default=-1)
 
 
-def read_manifest(out: Path) -> dict[str, dict]:
-    """path -> its latest row (later rows replace earlier ones: retries, changed files)."""
-    rows: dict[str, dict] = {}
-    path = Path(out) / MANIFEST
-    if not path.exists():
-        return rows
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a torn last line from a killed run
-            rows[row["path"]] = row
-    return rows
+def rewrite_shard(src: Path, keep: list[int], dst: Path) -> None:
+    """A copy of shard `src` holding only its items `keep` (in that order), written atomically to `dst`."""
+    with safe_open(str(src), framework="pt") as f:
+        meta = f.metadata()
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    items, frames, item_frames = t["item_offsets"], t["frame_offsets"], t["item_frames"]
+    tokens, frame_sizes, item_sizes, frame_counts = [], [0], [0], [0]
+    for i in keep:
+        tokens.append(t["tokens"][items[i]: items[i + 1]])
+        a, b = item_frames[i].item(), item_frames[i + 1].item()
+        frame_sizes += (frames[a + 1: b + 1] - frames[a:b]).tolist()
+        item_sizes.append((items[i + 1] - items[i]).item())
+        frame_counts.append(b - a)
+    tensors = {
+        "tokens": torch.cat(tokens),
+        "item_offsets": torch.tensor(item_sizes).cumsum(0),
+        "frame_offsets": torch.tensor(frame_sizes).cumsum(0),
+        "item_frames": torch.tensor(frame_counts).cumsum(0),
+    }
+    if "pooled" in t:
+        tensors["pooled"] = t["pooled"][keep].contiguous()
+    atomic_write(dst, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
 class Embeddings(Rows):

@@ -159,6 +159,42 @@ class DecodePool:
         self.timeout = timeout
         self.ahead = ahead or max(8 * self.workers, 64)
         self.replaced = 0  # workers killed for a timeout or found dead
+        self._starter: threading.Thread | None = None
+        self._started: list[_Worker] = []
+        self._start_error: BaseException | None = None
+
+    def start(self) -> DecodePool:
+        """Start the workers now, in the background (while the model loads); map() takes them over."""
+        if self.workers and self._starter is None:
+            self._starter = threading.Thread(target=self._start_all, name="gemma4enc-decode-start", daemon=True)
+            self._starter.start()
+        return self
+
+    def _start_all(self) -> None:
+        try:
+            ctx = _context()
+            for _ in range(self.workers):
+                self._started.append(_Worker(ctx, self.fn, self.options))
+        except BaseException as e:  # noqa: BLE001 - told by map(), in the caller's thread
+            self._start_error = e
+
+    def _take_workers(self, ctx) -> list[_Worker]:
+        if self._starter is not None:
+            self._starter.join()
+            self._starter = None
+            if self._start_error:
+                raise self._start_error
+        taken, self._started = self._started, []
+        return taken + [_Worker(ctx, self.fn, self.options) for _ in range(self.workers - len(taken))]
+
+    def close(self) -> None:
+        """Stop workers that start() began and no map() took (the run ended before it decoded)."""
+        if self._starter is not None:
+            self._starter.join()
+            self._starter = None
+        for w in self._started:
+            w.kill()
+        self._started = []
 
     def map(self, items: Iterable[Item]) -> Iterator[Decoded]:
         if self.workers == 0:
@@ -217,7 +253,7 @@ class _Run:
 
     def _loop(self) -> None:
         pool = self.pool
-        self.workers = [_Worker(self.ctx, pool.fn, pool.options) for _ in range(pool.workers)]
+        self.workers = pool._take_workers(self.ctx)
         while not self.stopping:
             self._feed()
             busy = [w for w in self.workers if w.task]

@@ -320,17 +320,19 @@ def test_kill_9_at_random_moments_then_resume(good, clean, ckpt, tmp_path):
     subprocess.run(_cli(*args, "-o", tmp_path / "ref"), check=True, capture_output=True)
     whole = time.monotonic() - start
     want = {Path(p).name: t for p, t in shard_tokens(tmp_path / "ref")[1].items()}
-    out, rng, killed = tmp_path / "out", random.Random(4), 0
-    for _ in range(10):
+    out, rng, killed, trials = tmp_path / "out", random.Random(4), 0, 0
+    # until the folder is complete: a re-run with nothing left ends at once, there is nothing to cut short
+    while trials < 10 and not ((out / "manifest.jsonl").exists() and len(by_name(out)) == len(want)):
         proc = subprocess.Popen(_cli(*args, "-o", out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.2, 1.0) * whole)
+        time.sleep(rng.uniform(0.2, 0.8) * whole)
         killed += proc.poll() is None
+        trials += 1
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         if (out / "manifest.jsonl").exists():
             by_name(out)  # never a file twice, even mid-way
             assert not verify(out)["problems"]
-    assert killed >= 5  # most trials really were cut short
+    assert killed >= 3 and killed >= trials - 1  # every trial but one that finished was cut short
     subprocess.run(_cli(*args, "-o", out), check=True, capture_output=True)
     rows = by_name(out)
     assert len(rows) == len(want) and all(r["status"] == "ok" for r in rows.values())

@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING
+
 from ..discover import Item
 from ..errors import UsageError
-from ..model import devices, open_tower
-from ..pipeline import Summary
-from ..pipeline import run as pipeline
-from ..plan import budget_patches
-from ..shards import ShardWriter, shard_metadata
+from ..workers import DecodePool
 from . import Run
+
+if TYPE_CHECKING:
+    from ..pipeline import Summary
 
 
 def encode(todo: list[Item], run: Run) -> Summary:
     """Encode `todo` with one tower per device; rows land in OUT's manifest as shards are written."""
     options = run.options
+    pool = DecodePool(options, options.workers, options.decode_timeout).start()  # they start while the model loads
+    try:
+        return _encode_with(pool, todo, run)
+    finally:
+        pool.close()
+
+
+def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
+    # torch comes in here, once the workers are on their way (importing it takes seconds)
+    from ..model import devices, open_tower
+    from ..pipeline import run as pipeline
+    from ..plan import budget_patches
+    from ..shards import ShardWriter, shard_metadata
+
+    options = run.options
+    start = time.perf_counter()
     opened = [open_tower(options, device) for device in devices(options)]
     (tower, dtype, mode), towers = opened[0], [t for t, _, _ in opened]
     if len({(t.device.type, t.dtype) for t in towers}) > 1:
@@ -23,12 +41,12 @@ def encode(todo: list[Item], run: Run) -> Summary:
     max_patches = min(budget_patches(t, options, mode) for t in towers) if todo else 0
     names = ", ".join(str(t.device) for t in towers)
     run.log(f"{run.done + len(todo)} files, {run.done} already done; {names}, {dtype}, "
-            f"batching {mode}, ≤{max_patches} patches per call")
+            f"batching {mode}, ≤{max_patches} patches per call; model loaded in {time.perf_counter() - start:.1f} s")
     writer = ShardWriter(run.out, options.out_dtype, shard_metadata(options, tower), options.shard_bytes,
                          options.pooled, options.flush_seconds)
     progress = run.bar(len(todo))
     try:
-        summary = pipeline(todo, towers, options, writer, mode, max_patches, progress)
+        summary = pipeline(todo, towers, options, writer, mode, max_patches, progress, pool=pool)
     except KeyboardInterrupt:
         writer.flush()  # keep what is finished
         raise

@@ -1,0 +1,247 @@
+"""Re-runs over big folders that are mostly done: no-op, 1 % changed, inspect, verify (issue 16).
+
+    python benchmarks/ledger.py --n 100000 --n 1000000 --json bench-out/ledger.json
+    python benchmarks/ledger.py --startup            # one photo end to end, where the time goes
+
+For each N it makes, under --work, N files as hard links to a few small photos (cheap) and an
+output folder that already holds all of them: settings.json, shards and manifest.jsonl written
+directly in their formats (one token per file, so shards stay small), as a finished
+`gemma4enc encode` would leave them. Then it times the real CLI in fresh processes under
+/usr/bin/time: a no-op re-run, a re-run after 1 % of the files were replaced (the work is done
+by the tiny random checkpoint of `gemma4enc demo`, not a real tower), `inspect` and `verify`.
+Wall, CPU (user + sys) and peak RSS of the largest process are reported side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PER_DIR = 1000
+PER_SHARD = 50_000
+SOURCES = 4
+LINKS = 60_000  # per source file: ext4 allows 65,000 hard links to one inode
+CLI = [sys.executable, "-m", "gemma4enc"]
+# 70 soft tokens per image: the smallest budget keeps the tiny tower's share of the 1 % run small
+FLAGS = ["--device", "cpu", "--dtype", "float32", "--out-dtype", "float32", "--max-soft-tokens", "70", "--json", "-q"]
+
+
+def checkpoint(work: Path) -> Path:
+    from gemma4enc import demo
+
+    folder = work / "ckpt"
+    if not (folder / "config.json").exists():
+        demo.build(folder, seed=1, clipped=True, standardize=False)
+    return folder
+
+
+def sources(work: Path, n: int = 1) -> list[Path]:
+    """SOURCES photos, copied as often as N links need (each copy its own inode)."""
+    from gemma4enc.demo import write_images
+
+    folder = work / "sources"
+    if not folder.exists():
+        write_images(folder)
+    photos = sorted(p for p in folder.iterdir() if p.is_file())[:SOURCES]
+    copies = [photos]
+    for k in range(1, -(-n // (LINKS * SOURCES))):
+        (folder / f"copy{k}").mkdir(exist_ok=True)
+        copies.append([Path(shutil.copy(p, folder / f"copy{k}" / p.name)) for p in photos])
+    return [p for c in copies for p in c]
+
+
+def make_folder(work: Path, n: int, ckpt: Path) -> tuple[Path, Path]:
+    """N hard links and an output folder whose manifest already has a row for each."""
+    media, out = work / f"media-{n}", work / f"out-{n}"
+    shutil.rmtree(media, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    srcs = [(p, p.stat()) for p in sources(work, n)]
+    paths = []
+    for i in range(n):
+        folder = media / f"d{i // PER_DIR:05d}"
+        if i % PER_DIR == 0:
+            folder.mkdir(parents=True)
+        src, st = srcs[i % len(srcs)]
+        path = folder / f"p{i:07d}{src.suffix}"
+        os.link(src, path)
+        paths.append((str(path), st))
+    write_output(out, paths, ckpt)
+    return media, out
+
+
+def write_output(out: Path, paths: list, ckpt: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from gemma4enc.ledger import MANIFEST, line_of
+    from gemma4enc.options import Options
+    from gemma4enc.outdir import settings_of
+
+    out.mkdir(parents=True)
+    # what a run with FLAGS records: the model's resolved path, the dtype it ran in, no hub revision
+    options = Options(model=str(Path(ckpt).resolve()), dtype="float32", out_dtype="float32", image_tokens=70)
+    (out / "settings.json").write_text(json.dumps(settings_of(options, {"revision": None}), indent=2))
+    width = json.loads((ckpt / "config.json").read_text())["text_config"]["hidden_size"]
+    meta = {"format_version": "1", "out_dtype": "float32", "hidden_size": str(width)}
+    with open(out / MANIFEST, "wb") as f:
+        for lo in range(0, len(paths), PER_SHARD):
+            chunk = paths[lo: lo + PER_SHARD]
+            name = f"shard-{lo // PER_SHARD:06d}.safetensors"
+            k = torch.arange(len(chunk) + 1)
+            save_file({"tokens": torch.zeros(len(chunk), width), "item_offsets": k, "frame_offsets": k.clone(),
+                       "item_frames": k.clone(), "pooled": torch.zeros(len(chunk), width)}, str(out / name), metadata=meta)
+            f.write(b"".join(line_of({
+                "path": p, "kind": "image", "size": st.st_size, "mtime_ns": st.st_mtime_ns, "status": "ok",
+                "error": None, "shard": name, "index": j, "tokens": 1, "frames": 1, "frame_tokens": [1],
+                "width": 64, "height": 48}) for j, (p, st) in enumerate(chunk)))
+
+
+def change(media: Path, share: float) -> int:
+    """Replace every (1/share)-th file by a new photo of its own: new size, new mtime."""
+    from PIL import Image
+
+    step, changed = round(1 / share), 0
+    for i, path in enumerate(sorted(p for d in sorted(media.iterdir()) for p in d.iterdir())):
+        if i % step == 0:
+            path.unlink()
+            Image.new("RGB", (40 + i % 50, 30), (i % 256, (i // 256) % 256, 90)).save(path, format="JPEG")
+            changed += 1
+    return changed
+
+
+def timed(args: list[str]) -> dict:
+    """Wall, user+sys CPU and peak RSS (largest process) of one CLI call, with its JSON summary."""
+    result = subprocess.run(["/usr/bin/time", "-v", *args], capture_output=True, text=True)
+    stats = dict(re.findall(r"^\s*(.+?): (.+)$", result.stderr, re.M))
+    m, s = stats["Elapsed (wall clock) time (h:mm:ss or m:ss)"].rsplit(":", 1)
+    wall = float(s) + 60 * sum(float(x) * 60 ** k for k, x in enumerate(reversed(m.split(":"))))
+    try:
+        report = json.loads(result.stdout)
+    except ValueError:
+        report = {}
+    return {"exit": result.returncode, "wall_s": round(wall, 2),
+            "cpu_s": round(float(stats["User time (seconds)"]) + float(stats["System time (seconds)"]), 2),
+            "peak_rss_mb": round(int(stats["Maximum resident set size (kbytes)"]) / 1024, 1),
+            "summary": {k: report[k] for k in ("files", "done_before", "encoded", "failed", "ok", "shards",
+                                               "superseded_rows") if k in report},
+            "log": [line for line in result.stderr.splitlines() if line.startswith("gemma4enc")][-3:]}
+
+
+def bench_n(work: Path, n: int, ckpt: Path, log, changed: bool = True) -> dict:
+    start = time.perf_counter()
+    media, out = make_folder(work, n, ckpt)
+    log(f"N={n}: folder and manifest made in {time.perf_counter() - start:.0f} s")
+    encode = [*CLI, "encode", str(media), "-o", str(out), "--model", str(ckpt), *FLAGS]
+    row = {"n": n, "manifest_mb": round((out / "manifest.jsonl").stat().st_size / 2**20, 1)}
+    row["no_op"] = timed(encode)
+    log(f"N={n} no-op: {row['no_op']}")
+    if changed:
+        row["changed_files"] = change(media, 0.01)
+        row["changed_1pct"] = timed(encode)
+        log(f"N={n} 1 % changed: {row['changed_1pct']}")
+    row["inspect"] = timed([*CLI, "inspect", str(out), "--json"])
+    log(f"N={n} inspect: {row['inspect']}")
+    row["verify"] = timed([*CLI, "verify", str(out), "--json"])
+    log(f"N={n} verify: {row['verify']}")
+    row["compact"] = timed([*CLI, "compact", str(out), "--json"])
+    log(f"N={n} compact: {row['compact']}")
+    shutil.rmtree(media, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+STARTUP = r"""
+import sys, time
+t0 = time.perf_counter()
+marks = {}
+c0 = time.process_time()
+def mark(name):  # (wall s, this process's CPU s) since start: the machine is shared, CPU says more
+    marks.setdefault(name, (round(time.perf_counter() - t0, 3), round(time.process_time() - c0, 3)))
+from gemma4enc import cli, run, workers
+mark("cli imported")
+def wrap(owner, name, before=None, after=None):
+    real = getattr(owner, name)
+    def wrapped(*a, **k):
+        before and mark(before)
+        result = real(*a, **k)
+        after and mark(after)
+        return result
+    setattr(owner, name, wrapped)
+wrap(workers.DecodePool, "start", before="workers: start asked")
+wrap(workers.DecodePool, "_start_all", after="workers: all started")
+real_engine = run._engine
+def engine(name):
+    mark("engine: chosen")
+    encode = real_engine(name)
+    from gemma4enc import model as local
+    real_open = local.open_tower
+    def open_tower(*a, **k):
+        mark("model: load begins")
+        opened = real_open(*a, **k)
+        mark("model: loaded")
+        wrap(type(opened[0]), "encode", before="tower: first call", after="tower: first call done")
+        return opened
+    local.open_tower = open_tower
+    return encode
+run._engine = engine
+wrap(workers.DecodePool, "_take_workers", after="pipeline: workers taken over")
+try:
+    cli.app(sys.argv[1:])
+except SystemExit:
+    pass
+mark("exit")
+print(marks)
+"""
+
+
+def startup(work: Path, log) -> dict:
+    """One photo, fresh output: the whole process (time -v) and the moments inside it."""
+    ckpt = checkpoint(work)
+    photo = work / "one"
+    shutil.rmtree(photo, ignore_errors=True)
+    photo.mkdir()
+    shutil.copy(sources(work)[0], photo)
+    args = [str(photo), "--model", str(ckpt), *FLAGS]
+    shutil.rmtree(work / "one-out", ignore_errors=True)
+    whole = timed([*CLI, "encode", *args, "-o", str(work / "one-out")])
+    shutil.rmtree(work / "one-out", ignore_errors=True)
+    inside = subprocess.run([sys.executable, "-c", STARTUP, "encode", *args, "-o", str(work / "one-out")],
+                            capture_output=True, text=True)
+    marks = eval(inside.stdout.strip().splitlines()[-1])  # noqa: S307 - our own script's dict
+    imports = subprocess.run([sys.executable, "-X", "importtime", "-c", "import torch, transformers"],
+                             capture_output=True, text=True).stderr.strip().splitlines()[-3:]
+    report = {"whole_process": whole, "moments_s": marks, "import_torch_transformers_tail": imports}
+    log(json.dumps(report, indent=2))
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, action="append", help="files (repeatable); default 100000 and 1000000")
+    ap.add_argument("--work", type=Path, default=Path("bench-out/ledger"))
+    ap.add_argument("--changed-up-to", type=int, default=10**9, help="the 1 %% re-run only for N up to this")
+    ap.add_argument("--startup", action="store_true", help="only the one-photo start-up breakdown")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if a.startup:
+        report = startup(a.work, log)
+    else:
+        ckpt = checkpoint(a.work)
+        report = {"rows": [bench_n(a.work, n, ckpt, log, n <= a.changed_up_to)
+                          for n in a.n or [100_000, 1_000_000]]}
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

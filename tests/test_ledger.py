@@ -1,0 +1,244 @@
+"""Re-runs over folders that are mostly done: the ledger, the no-op path, compaction and --prune."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import gemma4enc
+from gemma4enc import discover as discover_module
+from gemma4enc import outdir
+from gemma4enc.cli import app
+from gemma4enc.ledger import MANIFEST, Ledger
+
+from .conftest import photo
+from .test_cli import BASE, encode, shard_tokens
+
+RUN = CliRunner()
+
+
+def photos(root: Path, n: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        photo(60 + 8 * i, 80, seed=i).save(root / f"p{i}.jpg", quality=90)
+    return root
+
+
+@pytest.fixture()
+def done(ckpt, tmp_path):
+    """A folder of 6 photos, encoded once: (media, out, tokens by path, the run's summary)."""
+    media = photos(tmp_path / "media", 6)
+    out = tmp_path / "out"
+    result = encode([media, "-o", out, "--model", ckpt, *BASE])
+    assert result.exit_code == 0, result.output
+    return media, out, shard_tokens(out)[1], json.loads(result.stdout)
+
+
+def lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / MANIFEST).read_text().splitlines()]
+
+
+def test_a_no_op_rerun_imports_no_torch_and_starts_no_worker(done, ckpt):
+    media, out, _, first = done
+    script = (
+        "import json, multiprocessing, multiprocessing.forkserver, sys\n"
+        "from gemma4enc.cli import app\n"
+        f"args = ['encode', {str(media)!r}, '-o', {str(out)!r}, '--model', {str(ckpt)!r}, *{BASE!r}]\n"
+        "try:\n    app(args)\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules,"
+        " 'children': len(multiprocessing.active_children()),"
+        " 'forkserver': multiprocessing.forkserver._forkserver._forkserver_pid is not None}))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout[: result.stdout.rindex("\n{")])
+    facts = json.loads(result.stdout.splitlines()[-1])
+    assert facts == {"code": 0, "torch": False, "transformers": False, "children": 0, "forkserver": False}, result.stderr
+    assert summary["done_before"] == 6 and summary["encoded"] == 0 and summary["max_batch_patches"] == 0
+    assert set(summary) == set(first)  # the same shape as a run that worked
+
+
+def test_only_changed_files_are_opened_and_encoded(done, ckpt, monkeypatch):
+    media, out, before, _ = done
+    sniffed = []
+    real = discover_module.kind_of
+    monkeypatch.setattr(discover_module, "kind_of", lambda path, head: sniffed.append(path) or real(path, head))
+    photo(50, 50, seed=40).save(media / "p1.jpg", quality=90)  # changed content (size and mtime)
+    photo(70, 90, seed=41).save(media / "p3.jpg", quality=90)
+    photo(30, 40, seed=42).save(media / "new.jpg", quality=90)
+    result = encode([media, "-o", out, "--model", ckpt, *BASE])
+    summary = json.loads(result.stdout)
+    changed = {str(media / n) for n in ("p1.jpg", "p3.jpg", "new.jpg")}
+    assert set(sniffed) == changed
+    assert summary["done_before"] == 4 and summary["encoded"] == 3 and summary["failed"] == 0
+    rows = lines(out)
+    assert [r["path"] for r in rows[6:]] == sorted(changed)  # appended rows: the changed files only
+    after = shard_tokens(out)[1]
+    for path in set(before) - changed:
+        assert torch.equal(after[path], before[path])  # what did not change keeps its tokens
+    assert set(after) == set(before) | changed
+
+
+def test_ledger_reads_on_and_starts_over(tmp_path):
+    out = tmp_path
+    (out / MANIFEST).write_bytes(b'{"path": "/a", "size": 1, "mtime_ns": 2, "status": "ok", "kind": "image"}\n'
+                                 b'not json\n{"path": "/a", "size": 3, "mtime_ns": 4, "status": "failed",'
+                                 b' "kind": "image"}\n{"path": "/b", "si')
+    ledger = Ledger.load(out)
+    assert len(ledger) == 1 and ledger.get("/a").size == 3 and ledger.get("/a").status == "failed"
+    assert (ledger.superseded, ledger.unreadable) == (1, 1) and ledger.end < (out / MANIFEST).stat().st_size
+    assert ledger.known_kind("/a", 3, 4) == "image" and ledger.known_kind("/a", 3, 5) is None
+    with open(out / MANIFEST, "ab") as f:  # the torn line completed, one more appended
+        f.write(b'ze": 5, "mtime_ns": 6, "status": "ok", "kind": "video", "shard": "s", "index": 0}\n')
+    ledger.refresh()
+    assert set(ledger) == {"/a", "/b"} and ledger.row("/b")["kind"] == "video" and ledger.shards() == {"s"}
+    (out / MANIFEST).write_bytes(b'{"path": "/c", "size": 1, "mtime_ns": 1, "status": "ok", "kind": "image"}\n')
+    assert set(ledger.refresh()) == {"/c"}  # a replaced (smaller) manifest is read anew
+
+
+def test_compact_keeps_one_row_per_file_and_prune_drops_tokens(done, ckpt):
+    media, out, before, _ = done
+    photo(50, 50, seed=40).save(media / "p1.jpg", quality=90)
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    (media / "p2.jpg").unlink()
+    (media / "p4.jpg").unlink()
+    rows_before = lines(out)
+    assert len(rows_before) == 7
+    tokens = shard_tokens(out)[1]
+    result = RUN.invoke(app, ["compact", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = lines(out)
+    assert len(rows) == len({r["path"] for r in rows}) == 6 and json.loads(result.stdout)["rows_after"] == 6
+    assert verify_ok(out)
+    result = RUN.invoke(app, ["compact", str(out), "--prune", "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["pruned"] == 2 and report["shards_rewritten"] >= 1
+    rows = lines(out)
+    gone = {str(media / "p2.jpg"), str(media / "p4.jpg")}
+    assert {r["path"] for r in rows} == set(tokens) - gone
+    assert verify_ok(out)
+    emb = gemma4enc.open(out)
+    for path in set(tokens) - gone:
+        assert torch.equal(emb[path], tokens[path].to(emb[path].dtype))
+    named = {r["shard"] for r in rows}
+    assert named == {p.name for p in out.glob("shard-*.safetensors")}  # old shards removed
+    again = encode([media, "-o", out, "--model", ckpt, *BASE])  # resume still sees every file done
+    assert json.loads(again.stdout)["encoded"] == 0 and json.loads(again.stdout)["done_before"] == 4
+
+
+def test_a_killed_prune_leaves_a_valid_folder(done, monkeypatch):
+    media, out, tokens, _ = done
+    (media / "p0.jpg").unlink()
+    manifest_before = (out / MANIFEST).read_bytes()
+    real = outdir.atomic_write
+
+    def die_on_manifest(path, write):
+        if path.name == MANIFEST:
+            raise KeyboardInterrupt  # killed after the new shards, before the manifest was replaced
+        real(path, write)
+
+    monkeypatch.setattr(outdir, "atomic_write", die_on_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        outdir.compact(out, prune=True)
+    assert (out / MANIFEST).read_bytes() == manifest_before
+    report = json.loads(RUN.invoke(app, ["verify", str(out), "--json"]).stdout)
+    assert report["ok"] and report["orphan_shards"]  # the half-done copy is an orphan, nothing else
+    emb = gemma4enc.open(out)
+    assert all(torch.equal(emb[p], t.to(emb[p].dtype)) for p, t in tokens.items())
+
+
+def test_a_run_compacts_past_the_threshold(done, ckpt, monkeypatch):
+    media, out, _, _ = done
+    monkeypatch.setattr(outdir, "AUTO_COMPACT_ROWS", 2)
+    for i in range(4):  # 4 of 6 rows superseded: more dead than live… not yet; then 8 of 6
+        photo(50, 50 + i, seed=50 + i).save(media / f"p{i}.jpg", quality=90)
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    assert len(lines(out)) == 10
+    for i in range(4):
+        os.utime(media / f"p{i}.jpg", ns=(1, 10**18 + i))
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    rows = lines(out)
+    assert len(rows) == len({r["path"] for r in rows}) == 6 and verify_ok(out)
+
+
+def verify_ok(out: Path) -> bool:
+    result = RUN.invoke(app, ["verify", str(out), "--json"])
+    report = json.loads(result.stdout)
+    return result.exit_code == 0 and report["ok"] and not report["orphan_shards"]
+
+
+def test_plan_reads_headers_of_new_files_only(done, monkeypatch):
+    media, out, _, _ = done
+    shutil.copy(media / "p0.jpg", media / "copy.jpg")
+    result = RUN.invoke(app, ["plan", str(media), "--out", str(out), "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0, result.output
+    assert report["done_before"] == 6 and report["files"] == 1 and report["tower_items"] == 1
+
+
+PROBE = '''
+import sys
+from gemma4enc.workers import prepare
+
+def probe(item, options):
+    before = [m for m in ("torch", "transformers") if m in sys.modules]
+    d = prepare(item, options)
+    d.error = repr(before)
+    return d
+'''
+
+
+def test_decode_workers_start_without_torch_or_transformers(tmp_path, monkeypatch):
+    """Workers start from a forkserver that preloads only our decoders (started early, taken over by map)."""
+    from gemma4enc.discover import look
+    from gemma4enc.options import Options
+    from gemma4enc.workers import DecodePool
+
+    (tmp_path / "ledger_probe.py").write_text(PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    from ledger_probe import probe
+
+    photos(tmp_path / "m", 2)
+    pool = DecodePool(Options(), workers=2, fn=probe).start()
+    try:
+        results = list(pool.map([look(str(p)) for p in sorted((tmp_path / "m").iterdir())]))
+    finally:
+        pool.close()
+    assert [r.status for r in results] == ["ok", "ok"] and all(r.patches for r in results)
+    assert {r.error for r in results} == {"[]"}
+
+
+def test_a_compacted_folder_adopts_a_moved_root_and_heals_a_lost_shard(done, ckpt, tmp_path):
+    """Compaction (rows copied, some moved to rewritten shards) keeps what adoption and healing need."""
+    media, out, before, _ = done
+    (media / "p2.jpg").unlink()
+    assert json.loads(RUN.invoke(app, ["compact", str(out), "--prune", "--json"]).stdout)["shards_rewritten"] >= 1
+    moved = tmp_path / "disk2" / "media"
+    moved.parent.mkdir()
+    shutil.move(media, moved)  # a rename keeps the mtimes
+    again = encode([moved, "-o", out, "--model", ckpt, *BASE])
+    summary = json.loads(again.stdout)
+    assert again.exit_code == 0 and summary["encoded"] == 0 and summary["done_before"] == 5, again.output
+    emb = gemma4enc.open(out)
+    for name in ("p0.jpg", "p1.jpg", "p3.jpg", "p4.jpg", "p5.jpg"):
+        row = emb.row(moved / name)
+        assert row["root"] == str(moved) and row["rel"] == name
+        assert torch.equal(emb[moved / name], before[str(media / name)].to(emb[moved / name].dtype))
+    victim = out / emb.row(moved / "p0.jpg")["shard"]
+    held = {p for p in emb if p.startswith(str(moved)) and emb.row(p)["shard"] == victim.name}
+    victim.unlink()
+    healed = encode([moved, "-o", out, "--model", ckpt, *BASE])
+    assert healed.exit_code == 0 and json.loads(healed.stdout)["encoded"] == len(held) >= 1, healed.output
+    assert any(r["status"] == "shard_lost" for r in lines(out))  # superseded, then encoded again
+    emb = gemma4enc.open(out)
+    assert {str(moved / n) for n in ("p0.jpg", "p1.jpg", "p3.jpg", "p4.jpg", "p5.jpg")} <= set(emb)
+    assert not any(emb.row(p)["shard"] == victim.name for p in emb)  # old paths' rows into it are lost too
+    assert verify_ok(out)
