@@ -2,7 +2,7 @@
 
 stdout carries data (--json), stderr carries progress and messages. Every command runs
 through `Command.invoke`, the one place where an error becomes its exit code (EXIT_CODES,
-the README's table): one line on stderr, and with --json an {"error", "exit_code"} object.
+the README's exit-code table): one line on stderr, and with --json an {"error", "exit_code"} object.
 """
 
 from __future__ import annotations

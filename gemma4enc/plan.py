@@ -14,7 +14,7 @@ import torch
 
 from .patches import POOL, Patches
 
-CPU_PATCHES = 8192  # on the CPU batching buys little (see README, bench): keep working sets small
+CPU_PATCHES = 8192  # on the CPU batching buys little (see docs/benchmarks.md): keep working sets small
 BATCHINGS = ("auto", "serial", "bucket", "pack")
 
 
@@ -55,7 +55,7 @@ def batches(units: list[Unit], mode: str, max_patches: int) -> list[list[Unit]]:
 def resolve_batching(mode: str, device: torch.device) -> str:
     """auto: what `gemma4enc bench` measured fastest. On an accelerator, packs (one launch for
     many items, no padding); on the CPU one item per call: batching buys no FLOPs there and
-    larger working sets cost cache (serial 1.13× pack, 1.75× hf-padded, README)."""
+    larger working sets cost cache (serial 1.13× pack, 1.75× hf-padded, docs/benchmarks.md)."""
     if mode != "auto":
         return mode
     return "serial" if device.type == "cpu" else "pack"

@@ -178,7 +178,7 @@ class Tower:
         """--compile: same-size stacks (serial, bucket) go through torch.compile'd layers. The
         layers are alike, so one graph serves all of them and every patch count (dynamic shapes):
         6–10 s of compiling for E2B's 16 layers, where the whole encoder took 85–200 s. On a CPU
-        with AMX it fuses the bfloat16 elementwise steps, ~45 % of the time there: 1.3–1.5× (README).
+        with AMX it fuses the bfloat16 elementwise steps, ~45 % of the time there: 1.3–1.5× (docs/benchmarks.md).
         Packs stay eager: their per-item attention would be a graph break in every layer."""
         self._compiled = [torch.compile(layer, dynamic=True) for layer in self.vision.encoder.layers]
         return self

@@ -3,7 +3,7 @@
 Tolerances (max abs difference, outputs of magnitude ~4):
   float32: 1e-4 × max|reference| (measured: ~3e-6 absolute; padding in the reference's batch
            accounts for it — our calls carry no padding);
-  bfloat16: 0.08 × max|reference| (measured: random bf16 weights, see README).
+  bfloat16: 0.08 × max|reference| (measured: random bf16 weights, see docs/architecture.md).
 Packing vs serial: float32 1e-5 × scale (only the pooling sum order differs).
 """
 
