@@ -7,6 +7,8 @@ message naming the reason; callers record it and go on.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,7 +19,6 @@ from PIL import Image, ImageFile, ImageOps
 from .discover import SNIFF_BYTES, sniff
 from .patches import Fitted, target_size
 
-ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, not a grey patch
 
 
 class DecodeError(Exception):
@@ -84,7 +85,9 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB") if mode != "RGB" else image
 
 
+@functools.cache
 def _register_heif() -> None:
+    """HEIC/HEIF support, added to Pillow at the first image we decode (not at import)."""
     try:
         from pillow_heif import register_heif_opener
 
@@ -93,7 +96,16 @@ def _register_heif() -> None:
         pass
 
 
-_register_heif()
+@contextlib.contextmanager
+def _pillow_limits(max_pixels: int | None):
+    """Pillow's bomb limit ours (checked on the full-size header) and truncated files errors, for
+    this decode only: the process's own settings are put back, so a library user's stay theirs."""
+    saved = Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES
+    Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = max_pixels, False  # truncated: not a grey patch
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = saved
 
 
 def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> Frames:
@@ -103,9 +115,9 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     needs and return the image already resized to it, as a `Fitted`. None (--resize exact):
     the full-size image, which patchify resizes exactly as the processor does.
     """
-    Image.MAX_IMAGE_PIXELS = max_pixels  # Image.open checks it on the full-size header
+    _register_heif()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _pillow_limits(max_pixels):
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
                 frames = getattr(image, "n_frames", 1)

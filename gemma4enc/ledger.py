@@ -9,6 +9,7 @@ when needed. Nothing here imports torch: a run with nothing to do never loads it
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -37,8 +38,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
+@functools.cache
+def _umask() -> int:
+    """The process's umask, read without changing it (/proc), at the first write rather than at
+    import; where /proc has no Umask line, set and put back at once."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
 
 
 def atomic_write(path: Path, write) -> None:
@@ -46,7 +56,7 @@ def atomic_write(path: Path, write) -> None:
     tmp = path.with_name(temp_name(path.name))
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # safetensors writes 0600; others may need to read the shards
+        os.chmod(tmp, 0o666 & ~_umask())  # safetensors writes 0600; others may need to read the shards
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

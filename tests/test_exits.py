@@ -120,7 +120,7 @@ def test_disk_full_mid_run_exits_4_with_one_line_and_a_rerun_resumes(good, ckpt,
         filler = disk / "filler"  # ours, not OUT's: leaves room for about half the output
         filler.write_bytes(b"\0" * (free - written // 2))
         out = disk / "out"
-        full = _encode(good, "-o", out, *args)
+        full = _encode(good, "-o", out, *args, "-q")  # -q: no progress lines on a slow machine, only the error
         assert full.returncode == 4, full.stderr
         lines = full.stderr.splitlines()
         assert len(lines) == 1 and "No space left on device" in lines[0] and "re-run to resume" in lines[0], lines

@@ -108,3 +108,26 @@ def test_settings_record_the_dtype_the_tower_ran_in_and_pooled(ckpt, tmp_path):
         result = RUN.invoke(app, [*base, *args])
         assert result.exit_code == 2 and "other settings" in result.output, args
     assert RUN.invoke(app, [*base, "--dtype", settings["dtype"]]).exit_code == 0
+
+
+def test_importing_and_decoding_leave_the_hosts_settings_alone(tmp_path):
+    """A library user's umask and Pillow settings are theirs: gemma4enc neither sets them at import
+    nor leaves its own after a decode."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os\n"
+        "os.umask(0o027)\n"
+        "from PIL import Image, ImageFile\n"
+        "Image.MAX_IMAGE_PIXELS = 1234567; ImageFile.LOAD_TRUNCATED_IMAGES = True\n"
+        "import gemma4enc, gemma4enc.cli, gemma4enc.workers, gemma4enc.shards\n"
+        "from gemma4enc.decode import decode_image\n"
+        f"Image.new('RGB', (64, 48)).save({str(tmp_path / 'a.png')!r})\n"
+        f"assert decode_image({str(tmp_path / 'a.png')!r}, 10_000).images[0].size == (64, 48)\n"
+        "mask = os.umask(0); os.umask(mask)\n"
+        "print(oct(mask), Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0o27", "1234567", "True"]

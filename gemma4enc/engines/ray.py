@@ -149,7 +149,20 @@ def _reachable(address: str) -> None:
 
 @contextlib.contextmanager
 def connect(address: str | None, remote_wait_s: int = 600, local_wait_s: int = 180):
-    """A private loopback-only Ray (address None), or the running cluster at `address`; shut down on exit."""
+    """A private loopback-only Ray (address None), or the running cluster at `address`; shut down on exit.
+
+    The environment it sets for Ray is put back on exit: a library user's process keeps its own."""
+    saved = dict(os.environ)
+    try:
+        with _connected(address, remote_wait_s, local_wait_s) as ray:
+            yield ray
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _connected(address: str | None, remote_wait_s: int, local_wait_s: int):
     if address is None:
         os.environ.update(LOCAL_ENV)
     else:
