@@ -33,6 +33,7 @@ class Summary:
     patches: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    decode_wait: float = 0.0  # seconds the towers' feeder waited for decoded files (decode-bound when large)
     by_status: dict[str, int] = field(default_factory=dict)
     device_patches: list[int] = field(default_factory=list)  # patches each tower encoded
     where: dict = field(default_factory=dict)  # what the engine ran on (device, dtype, actors …), for the report
@@ -149,7 +150,7 @@ def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, 
     pool = pool or DecodePool(options, options.workers, options.decode_timeout)
     decoded = pool.map(items)
     try:
-        for d in decoded:
+        for d in _timed(decoded, summary):
             window.append(d)
             size += sum(p.n for p in d.patches)
             if size >= window_patches:
@@ -167,6 +168,37 @@ def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, 
     summary.seconds = time.perf_counter() - start
     summary.device_patches = [e.patches for e in encoders]
     return summary
+
+
+def _timed(decoded, summary: Summary):
+    """The decoded files, adding the time spent waiting for each to summary.decode_wait."""
+    it = iter(decoded)
+    while True:
+        t = time.perf_counter()
+        try:
+            d = next(it)
+        except StopIteration:
+            summary.decode_wait += time.perf_counter() - t
+            return
+        summary.decode_wait += time.perf_counter() - t
+        yield d
+
+
+def where_time_went(summary: Summary, workers: int) -> tuple[dict, str | None]:
+    """The summary's share of time the towers waited for decode, the decode rate per worker, and
+    a sentence when decode was the bottleneck (the towers waited more than half the time)."""
+    if not summary.seconds or not summary.files:
+        return {}, None
+    waited = min(1.0, summary.decode_wait / summary.seconds)
+    workers = max(1, workers)
+    facts = {"tower_waited_share": round(waited, 3),
+             "decode_files_per_s_per_worker": round(summary.files / summary.seconds / workers, 3)}
+    if waited <= 0.5:
+        return facts, None
+    busy = max(summary.seconds - summary.decode_wait, 1e-9)
+    needed = workers * summary.seconds / busy  # workers that decode as fast as the towers encode
+    return facts, (f"decode-bound: the tower waited {waited:.0%} of the time; about {needed:.0f} workers would "
+                   f"feed it (now {workers})")
 
 
 def _encode(window: list[Decoded], free: queue.SimpleQueue):

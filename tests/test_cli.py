@@ -76,6 +76,7 @@ def test_encode_writes_what_transformers_computes(run, ref_sharded):
     assert result.exit_code == 1, result.output  # one broken file
     summary = json.loads(result.stdout)
     assert summary["failed"] == 1 and summary["encoded"] == 12 and summary["skipped_not_media"] == 1
+    assert 0 <= summary["tower_waited_share"] <= 1 and summary["decode_files_per_s_per_worker"] > 0
     rows, tokens = shard_tokens(out)
     paths = [r["path"] for r in rows]
     assert len(paths) == len(set(paths)) == 13
@@ -263,3 +264,13 @@ def test_compile_flag_reaches_the_tower(media, ckpt_sharded, tmp_path, monkeypat
     assert all(kw == {"dynamic": True} for _, kw in compiled)
     a, b = shard_tokens(tmp_path / "plain")[1], shard_tokens(tmp_path / "fast")[1]
     assert set(a) == set(b) and all(torch.equal(a[p], b[p]) for p in a)
+
+
+def test_the_summary_says_when_decode_is_the_bottleneck():
+    from gemma4enc.pipeline import Summary, where_time_went
+
+    facts, verdict = where_time_went(Summary(files=100, seconds=10.0, decode_wait=6.2), workers=8)
+    assert facts == {"tower_waited_share": 0.62, "decode_files_per_s_per_worker": 1.25}
+    # the towers were busy 3.8 s of 10: 8 workers × 10 / 3.8 ≈ 21 would keep them fed
+    assert verdict == "decode-bound: the tower waited 62% of the time; about 21 workers would feed it (now 8)"
+    assert where_time_went(Summary(files=100, seconds=10.0, decode_wait=2.0), workers=8)[1] is None

@@ -28,6 +28,7 @@ def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
     # torch comes in here, once the workers are on their way (importing it takes seconds)
     from ..model import devices, open_tower
     from ..pipeline import run as pipeline
+    from ..pipeline import where_time_went
     from ..plan import budget_patches
     from ..shards import ShardWriter, shard_metadata
 
@@ -52,7 +53,10 @@ def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
         raise
     finally:
         progress.close()
-    summary.where = {"device": names, "dtype": dtype, "batching": mode, "max_batch_patches": max_patches}
+    facts, verdict = where_time_went(summary, pool.workers)
+    if verdict:
+        run.log(verdict)
+    summary.where = {"device": names, "dtype": dtype, "batching": mode, "max_batch_patches": max_patches, **facts}
     if len(towers) > 1:
         summary.where["device_patches"] = summary.device_patches
     return summary
