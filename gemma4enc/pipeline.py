@@ -184,11 +184,14 @@ def _timed(decoded, summary: Summary):
         yield d
 
 
+NOTHING_TIMED = {"tower_waited_share": None, "decode_files_per_s_per_worker": None}  # a run that decoded nothing
+
+
 def where_time_went(summary: Summary, workers: int) -> tuple[dict, str | None]:
     """The summary's share of time the towers waited for decode, the decode rate per worker, and
     a sentence when decode was the bottleneck (the towers waited more than half the time)."""
     if not summary.seconds or not summary.files:
-        return {}, None
+        return dict(NOTHING_TIMED), None
     waited = min(1.0, summary.decode_wait / summary.seconds)
     workers = max(1, workers)
     facts = {"tower_waited_share": round(waited, 3),

@@ -111,5 +111,6 @@ def _nothing_to_do(run: Run, checked: bool):
     else:
         run.log(f"{run.done} files, all done already; model not loaded")
         names = ", ".join(options.devices.split(",")) if options.devices else options.device
-        summary.where = {"device": names, "dtype": options.dtype, "batching": options.batching, "max_batch_patches": 0}
+        summary.where = {"device": names, "dtype": options.dtype, "batching": options.batching, "max_batch_patches": 0,
+                         "tower_waited_share": None, "decode_files_per_s_per_worker": None}  # as pipeline.NOTHING_TIMED
     return summary
