@@ -36,7 +36,7 @@ step() {  # step NAME SECONDS COMMAND...: output into log.txt, the exit status a
 
 step device 30 "$PY" -c "import torch, transformers; assert torch.cuda.is_available(), 'no CUDA'; \
 print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'transformers', transformers.__version__)" || exit 1
-step tests 120 "$PY" -m pytest -q -m cuda tests/test_bench_and_gpu.py -p no:cacheprovider --junitxml="$out/gpu-tests.xml"
+step tests 120 "$PY" -m pytest -q -m cuda tests -p no:cacheprovider --junitxml="$out/gpu-tests.xml"
 step bench 120 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 256 --repeats 3 \
     --workload photos --workload video --workload mixed --json "$out/bench-e2b.json"
 step compile 90 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 128 --repeats 3 \

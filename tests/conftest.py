@@ -1,15 +1,29 @@
-"""Shared fixtures: tiny random checkpoints (saved by transformers) and their reference models."""
+"""Shared fixtures: tiny random checkpoints (saved by transformers), their reference models, test media.
+
+Plain functions the tests share are in helpers.py. A test marked `cuda` is skipped, with the
+reason, where no CUDA device is present (scripts/gpu_check.sh runs them on a GPU machine).
+"""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from gemma4enc import demo
 
+from .corpus import good_media
+from .helpers import SHAPES, photo, reference
+
 torch.set_num_threads(1)  # 2 shared cores: one thread is the steadiest
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked cuda; torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -28,30 +42,17 @@ def ckpt_sharded(tmp_path_factory):
     return folder
 
 
-def reference(folder, dtype=torch.float32):
-    """What a transformers user gets: the full model through from_pretrained."""
-    from transformers import Gemma4ForConditionalGeneration
-
-    return Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=dtype).eval()
-
-
 @pytest.fixture(scope="session")
 def ref_sharded(ckpt_sharded):
     return reference(ckpt_sharded)
 
 
-# (height, width): 8+ aspect ratios, from panoramas to slivers, tiny to large
-SHAPES = [(480, 640), (512, 512), (1080, 1920), (300, 1200), (100, 3000), (3000, 90), (37, 41), (640, 480), (700, 90)]
-
-
-def photo(h: int, w: int, seed: int = 0) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:h, 0:w]
-    base = np.stack([(xx * 255 // max(w, 1)), (yy * 255 // max(h, 1)), ((xx + yy) % 256)], -1)
-    noise = rng.integers(-30, 30, (h, w, 3))
-    return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
-
-
 @pytest.fixture(scope="session")
 def photos():
     return [photo(h, w, seed=i) for i, (h, w) in enumerate(SHAPES)]
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """Six valid photos and clips (corpus.good_media), made once per module."""
+    return good_media(tmp_path_factory.mktemp("good") / "media")

@@ -15,7 +15,7 @@ from PIL import Image
 import gemma4enc.decode  # noqa: F401 - registers the HEIF plugin with Pillow
 from gemma4enc.demo import write_video
 
-from .conftest import photo
+from .helpers import photo
 
 
 def good_media(root: Path) -> Path:

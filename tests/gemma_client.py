@@ -139,7 +139,7 @@ PATHS = ("a.png", "b.jpg", "clip.mp4")
 
 def write_media(root: Path) -> Path:
     """Two images, a 40-frame clip at 30 fps (4 frames sampled: 00:00 … 00:01), a broken file."""
-    from .conftest import photo
+    from .helpers import photo
 
     root.mkdir(parents=True, exist_ok=True)
     photo(300, 500, seed=1).save(root / "a.png")

@@ -8,8 +8,9 @@ import torch
 from gemma4enc.bench import bench, e2e, random_tower, workload
 from gemma4enc.patches import patchify
 
-cuda = pytest.mark.cuda
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+from .helpers import close, hf_image_features, reference
+
+cuda = pytest.mark.cuda  # skipped where torch sees no CUDA device (conftest.py)
 
 
 def test_bench_reports_every_method():
@@ -34,7 +35,6 @@ def test_e2e_bench_reports_decode_encode_and_overlap():
 
 
 @cuda
-@needs_gpu
 def test_cuda_pack_and_bucket_match_serial_in_bfloat16():
     tower = random_tower("e2b", 4, torch.device("cuda"), torch.bfloat16)
     items = workload("mixed", 16)
@@ -46,10 +46,7 @@ def test_cuda_pack_and_bucket_match_serial_in_bfloat16():
 
 
 @cuda
-@needs_gpu
 def test_cuda_bfloat16_matches_reference(ckpt_sharded, photos):
-    from .conftest import reference
-    from .test_tower import close, hf_image_features
     from gemma4enc.model import load_tower
 
     tower = load_tower(str(ckpt_sharded), "bfloat16", "cuda")
@@ -82,7 +79,6 @@ def test_memory_model_fit_and_budget_hold_for_any_token_budget():
 
 
 @cuda
-@needs_gpu
 def test_cuda_memory_model_predicts_the_peak_within_20_percent():
     from gemma4enc.bench import PeakMemory
     from gemma4enc.plan import Unit, batches, measure_memory

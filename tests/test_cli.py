@@ -11,15 +11,12 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 from transformers.image_utils import load_image
-from typer.testing import CliRunner
 
 import gemma4enc
 from gemma4enc.cli import app
 from gemma4enc.demo import write_images, write_video
 
-from .test_tower import close, hf_image_features
-
-RUN = CliRunner()
+from .helpers import BASE, RUN, close, encode, flags, hf_image_features, shard_tokens
 
 
 @pytest.fixture(scope="module")
@@ -28,36 +25,12 @@ def media(tmp_path_factory):
     write_images(root / "photos")
     Image.fromarray((np.arange(96 * 64).reshape(64, 96) * 10).astype(np.uint16)).save(root / "photos" / "deep.png")
     Image.new("CMYK", (120, 90), (10, 200, 30, 0)).save(root / "photos" / "cmyk.jpg")
-    write_video(root / "clips" / "a.mp4", frames=30) if (root / "clips").mkdir() is None else None
+    (root / "clips").mkdir()
+    write_video(root / "clips" / "a.mp4", frames=30)
     write_video(root / "clips" / "b.webm", frames=20, codec="libvpx-vp9")
     (root / "notes.txt").write_text("skip me")
     (root / ".hidden.jpg").write_bytes((root / "photos" / "landscape.jpg").read_bytes())
     return root
-
-
-def encode(args, input=None):
-    result = RUN.invoke(app, ["encode", *map(str, args)], input=input)
-    # every way out is an exit code: no exception, no traceback escapes, whatever the code
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output, result.output
-    return result
-
-
-def shard_tokens(out):
-    """{path: tokens} read with nothing but json and safetensors."""
-    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-    tokens = {}
-    for row in rows:
-        if row["status"] != "ok":
-            continue
-        with safe_open(str(out / row["shard"]), framework="pt") as f:
-            offsets = f.get_tensor("item_offsets")
-            lo, hi = offsets[row["index"]].item(), offsets[row["index"] + 1].item()
-            tokens[row["path"]] = f.get_tensor("tokens")[lo:hi]
-    return rows, tokens
-
-
-BASE = ["--device", "cpu", "--resize", "exact", "--dtype", "float32", "--out-dtype", "float32", "--frames", "4", "--json", "-q"]
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +91,7 @@ def test_rerun_does_only_what_changed(run, ckpt_sharded):
     media, out, _ = run
     again = encode([media, "-o", out, "--model", ckpt_sharded, *BASE])
     assert json.loads(again.stdout)["done_before"] == 13 and json.loads(again.stdout)["encoded"] == 0
-    other = encode([media, "-o", out, "--model", ckpt_sharded, *BASE[:-4], "--frames", "6", "-q"])
+    other = encode([media, "-o", out, "--model", ckpt_sharded, *flags(frames=6, json=False)])
     assert other.exit_code == 2 and "other settings" in other.output
     keys = encode([media, "-o", out, "--model", ckpt_sharded, *BASE, "--seek", "keyframe"])
     assert keys.exit_code == 2 and "seek: 'exact' → 'keyframe'" in keys.output
@@ -167,7 +140,7 @@ def test_several_devices_equal_one_and_share_the_work(media, ckpt_sharded, tmp_p
     items, _ = discover([str(media)], None, [], [], False)
     towers = [load_tower(str(ckpt_sharded), "float32", "cpu") for _ in range(2)]
     writer = ShardWriter(tmp_path / "direct", "float32", {})
-    options = Options(workers=0, sampling=Sampling(frames=4))  # as BASE
+    options = Options(workers=0, sampling=Sampling(frames=4))  # as flags()
     summary = run_pipeline(items, towers, options, writer, "serial", 8192, window_patches=3000)
     assert summary.ok == len(items) and len(summary.device_patches) == 2
     assert all(n > 0 for n in summary.device_patches) and sum(summary.device_patches) == summary.patches

@@ -13,20 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from gemma4enc.cli import app
 
-from .corpus import good_media
-from .test_cli import BASE, shard_tokens
-
-RUN = CliRunner()
-CLI = [sys.executable, "-m", "gemma4enc"]
-
-
-@pytest.fixture(scope="module")
-def good(tmp_path_factory):
-    return good_media(tmp_path_factory.mktemp("good") / "media")
+from .helpers import BASE, RUN, encode_in_subprocess, shard_tokens
 
 
 def test_bad_flags_exit_2_with_one_line_before_torch_is_imported(good, tmp_path):
@@ -105,29 +95,25 @@ def tmpfs(where: Path, size: str):
         subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
-def _encode(*args):
-    return subprocess.run([*CLI, "encode", *map(str, args)], capture_output=True, text=True, timeout=600)
-
-
 def test_disk_full_mid_run_exits_4_with_one_line_and_a_rerun_resumes(good, ckpt, tmp_path):
     """A real full filesystem: safetensors' own error (no strerror) and the manifest's OSError alike."""
     clean = tmp_path / "clean"
     args = ["--model", ckpt, *BASE, "--shard-size", "1", "--flush-seconds", "0.1"]
-    assert _encode(good, "-o", clean, *args).returncode == 0
+    assert encode_in_subprocess(good, "-o", clean, *args).returncode == 0
     written = sum(p.stat().st_size for p in clean.iterdir())
     with tmpfs(tmp_path / "disk", "4m") as disk:
         free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
         filler = disk / "filler"  # ours, not OUT's: leaves room for about half the output
         filler.write_bytes(b"\0" * (free - written // 2))
         out = disk / "out"
-        full = _encode(good, "-o", out, *args, "-q")  # -q: no progress lines on a slow machine, only the error
+        full = encode_in_subprocess(good, "-o", out, *args, "-q")  # -q: no progress lines on a slow machine, only the error
         assert full.returncode == 4, full.stderr
         lines = full.stderr.splitlines()
         assert len(lines) == 1 and "No space left on device" in lines[0] and "re-run to resume" in lines[0], lines
         assert json.loads(full.stdout) == {"error": lines[0].removeprefix("gemma4enc: error: "), "exit_code": 4}
         assert 0 < len((out / "manifest.jsonl").read_text().splitlines()) < 6  # some files landed, not all
         filler.unlink()
-        again = _encode(good, "-o", out, *args)
+        again = encode_in_subprocess(good, "-o", out, *args)
         assert again.returncode == 0, again.stderr
         a, b = shard_tokens(clean)[1], shard_tokens(out)[1]
         assert {Path(p).name for p in a} == {Path(p).name for p in b}
@@ -141,7 +127,7 @@ def test_a_read_only_out_is_a_usage_error(good, ckpt, tmp_path):
         remount = subprocess.run(["mount", "-o", "remount,ro", str(ro)], capture_output=True, timeout=30)
         if remount.returncode:
             pytest.skip(f"cannot remount read-only here: {remount.stderr.strip()}")
-        result = _encode(good, "-o", ro / "out", "--model", ckpt, *BASE)
+        result = encode_in_subprocess(good, "-o", ro / "out", "--model", ckpt, *BASE)
         assert result.returncode == 2, result.stderr
         assert result.stderr.splitlines() == [f"gemma4enc: error: cannot write to {ro / 'out'}: Read-only file system"]
         assert json.loads(result.stdout)["exit_code"] == 2

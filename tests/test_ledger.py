@@ -19,8 +19,7 @@ from gemma4enc import outdir
 from gemma4enc.cli import app
 from gemma4enc.ledger import MANIFEST, Ledger
 
-from .conftest import photo
-from .test_cli import BASE, encode, shard_tokens
+from .helpers import BASE, encode, photo, shard_tokens
 
 RUN = CliRunner()
 

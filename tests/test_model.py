@@ -15,7 +15,7 @@ from gemma4enc import model as model_mod
 from gemma4enc.errors import UsageError
 from gemma4enc.model import load_tower
 
-from .conftest import reference
+from .helpers import reference
 
 
 def test_loads_exactly_the_vision_weights(ckpt_sharded, monkeypatch):

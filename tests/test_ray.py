@@ -20,9 +20,7 @@ from gemma4enc.errors import UsageError
 from gemma4enc.options import Options
 
 from .corpus import good_media
-from .test_cli import BASE, encode, shard_tokens
-from .test_reliability import by_name, verify
-from .test_tower import close
+from .helpers import BASE, by_name, close, encode, encode_argv, flags, shard_tokens, verify
 
 pytest.importorskip("ray")
 
@@ -163,7 +161,7 @@ def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_pa
     assert result.exit_code == 2 and "cannot reach a Ray cluster" in result.output
     assert time.perf_counter() - start < 15
 
-    result = encode([media, "-o", tmp_path / "b", "--model", ckpt, *BASE[2:], "--device", "cuda", "--engine", "ray"])
+    result = encode([media, "-o", tmp_path / "b", "--model", ckpt, *flags(device="cuda"), "--engine", "ray"])
     assert result.exit_code == 2 and "the Ray cluster has 0" in result.output, result.output
     assert not list((tmp_path / "b").glob("*.safetensors"))
 
@@ -233,10 +231,8 @@ def test_the_local_engine_does_not_import_ray(media, ckpt, tmp_path):
 
 def test_a_killed_driver_resumes_on_ray_to_the_same_result(media, ckpt, local, tmp_path):
     """kill -9 of the driver once rows have landed, then the same command: every file once, tokens as local."""
-    from .test_reliability import _cli
-
     out = tmp_path / "out"
-    args = _cli(media, "-o", out, "--model", ckpt, *BASE[:-2], "-q", *RAY, "--task-files", "1")
+    args = encode_argv(media, "-o", out, "--model", ckpt, *flags(json=False), *RAY, "--task-files", "1")
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None and not (

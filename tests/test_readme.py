@@ -13,7 +13,7 @@ from gemma4enc.cli import app
 from gemma4enc.demo import write_video
 
 from . import gemma_client as gc
-from .conftest import photo
+from .helpers import photo
 
 README = Path(__file__).parents[1] / "README.md"
 

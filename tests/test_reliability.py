@@ -16,22 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
 from gemma4enc.cli import app
 from gemma4enc.discover import discover
 from gemma4enc.options import Options
 from gemma4enc.run import encode_files
 
-from .corpus import bad_media, good_media
-from .test_cli import BASE, encode, shard_tokens
-
-RUN = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def good(tmp_path_factory):
-    return good_media(tmp_path_factory.mktemp("good") / "media")
+from .corpus import bad_media
+from .helpers import BASE, RUN, by_name, encode, encode_argv, flags, photo, shard_tokens, verify
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +33,6 @@ def clean(good, ckpt, tmp_path_factory):
     result = encode([good, "-o", out, "--model", ckpt, *BASE])
     assert result.exit_code == 0, result.output
     return {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
-
-
-def by_name(out: Path) -> dict[str, dict]:
-    lines = (out / "manifest.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines]
-    names = [Path(r["path"]).name for r in rows]
-    assert len(names) == len(set(names)), "a file has two rows"
-    return dict(zip(names, rows))
-
-
-def verify(out: Path) -> dict:
-    result = RUN.invoke(app, ["verify", str(out), "--json"])
-    report = json.loads(result.stdout)
-    assert result.exit_code == (0 if report["ok"] else 1)
-    return report
 
 
 def test_bad_inputs_get_their_rows_and_leave_good_files_alone(good, clean, ckpt, tmp_path):
@@ -99,8 +76,6 @@ def test_max_failures_aborts_with_exit_3_and_resumes(good, ckpt, tmp_path):
 def test_retry_failed_and_decode_timeout(good, clean, ckpt, tmp_path):
     media = tmp_path / "media"
     media.mkdir()
-    from .conftest import photo
-
     for i in range(2):
         photo(2400, 3200, seed=i).save(media / f"big{i}.png")  # a fraction of a second to decode
     shutil.copy(good / "photo1.jpg", media)
@@ -147,7 +122,7 @@ def test_overwrite_is_needed_to_change_settings(good, ckpt, tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     assert encode([good, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
-    other = [good, "-o", out, "--model", ckpt, *BASE[:-4], "--frames", "6", "--json", "-q"]
+    other = [good, "-o", out, "--model", ckpt, *flags(frames=6)]
     refused = encode(other)
     assert refused.exit_code == 2 and "--overwrite" in refused.output and "frames" in refused.output
     shards_before = sorted(out.glob("shard-*"))
@@ -173,7 +148,7 @@ def test_one_run_per_folder_and_stale_locks(good, ckpt, tmp_path):
         holder.kill()  # dies holding it: the lock file stays, the flock goes
         holder.wait()
     assert json.loads((out / "gemma4enc.lock").read_text())["pid"] == holder.pid
-    result = RUN.invoke(app, ["encode", str(good), "-o", str(out), "--model", str(ckpt), *BASE[:-1]])
+    result = RUN.invoke(app, ["encode", str(good), "-o", str(out), "--model", str(ckpt), *flags(quiet=False)])
     assert result.exit_code == 0 and "took over the lock" in result.output
     assert not (out / "gemma4enc.lock").exists()
 
@@ -305,25 +280,21 @@ def test_verify_finds_what_is_wrong(good, ckpt, tmp_path):
     assert result.exit_code == 1 and "problem" in result.output
 
 
-def _cli(*args) -> list[str]:
-    return [sys.executable, "-m", "gemma4enc", "encode", *map(str, args)]
-
-
 def test_kill_9_at_random_moments_then_resume(good, clean, ckpt, tmp_path):
     """Ten kill -9s at random moments, then a run to the end: nothing lost, doubled or changed."""
     media = tmp_path / "media"
     shutil.copytree(good, media)
     for i in range(6):  # more files, more moments to be killed at
         shutil.copy(good / f"photo{i % 4}.jpg", media / f"copy{i}.jpg")
-    args = [media, "--model", ckpt, *BASE[:-2], "--shard-size", "1", "--workers", "1", "-q"]
+    args = [media, "--model", ckpt, *flags(json=False, shard_size=1, workers=1)]
     start = time.monotonic()
-    subprocess.run(_cli(*args, "-o", tmp_path / "ref"), check=True, capture_output=True)
+    subprocess.run(encode_argv(*args, "-o", tmp_path / "ref"), check=True, capture_output=True)
     whole = time.monotonic() - start
     want = {Path(p).name: t for p, t in shard_tokens(tmp_path / "ref")[1].items()}
     out, rng, killed, trials = tmp_path / "out", random.Random(4), 0, 0
     # until the folder is complete: a re-run with nothing left ends at once, there is nothing to cut short
     while trials < 10 and not ((out / "manifest.jsonl").exists() and len(by_name(out)) == len(want)):
-        proc = subprocess.Popen(_cli(*args, "-o", out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(encode_argv(*args, "-o", out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.2, 0.8) * whole)
         killed += proc.poll() is None
         trials += 1
@@ -333,7 +304,7 @@ def test_kill_9_at_random_moments_then_resume(good, clean, ckpt, tmp_path):
             by_name(out)  # never a file twice, even mid-way
             assert not verify(out)["problems"]
     assert killed >= 3 and killed >= trials - 1  # every trial but one that finished was cut short
-    subprocess.run(_cli(*args, "-o", out), check=True, capture_output=True)
+    subprocess.run(encode_argv(*args, "-o", out), check=True, capture_output=True)
     rows = by_name(out)
     assert len(rows) == len(want) and all(r["status"] == "ok" for r in rows.values())
     report = verify(out)
@@ -344,16 +315,14 @@ def test_kill_9_at_random_moments_then_resume(good, clean, ckpt, tmp_path):
 
 
 def test_sigterm_saves_what_is_finished_and_exits_130(good, ckpt, tmp_path):
-    from .conftest import photo
-
     media = tmp_path / "media"
     media.mkdir()
     photo(1200, 1600).save(media / "p00.png")
     for i in range(1, 40):  # long enough to be stopped half way
         shutil.copy(media / "p00.png", media / f"p{i:02d}.png")
     out = tmp_path / "out"
-    args = [media, "--model", ckpt, *BASE[:-2], "--shard-size", "1", "--workers", "1", "-q", "-o", out]
-    proc = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    args = [media, "--model", ckpt, *flags(json=False, shard_size=1, workers=1), "-o", out]
+    proc = subprocess.Popen(encode_argv(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (out / "manifest.jsonl").exists():
         time.sleep(0.05)
@@ -362,5 +331,5 @@ def test_sigterm_saves_what_is_finished_and_exits_130(good, ckpt, tmp_path):
     assert code == 130 and "re-run to resume" in err, (code, err)
     done = len(by_name(out))
     assert 1 <= done < 40 and verify(out)["ok"]
-    assert subprocess.run(_cli(*args)).returncode == 0
+    assert subprocess.run(encode_argv(*args)).returncode == 0
     assert len(by_name(out)) == 40

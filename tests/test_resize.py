@@ -14,7 +14,7 @@ from gemma4enc.camera import camera_photo, save_photo
 from gemma4enc.decode import DecodeError, decode_image
 from gemma4enc.patches import patchify
 
-from .test_cli import encode
+from .helpers import encode
 
 MAX = 89_478_485
 FLOOR_DB = 45.0  # the fidelity floor for the fast path, patch pixels against exact

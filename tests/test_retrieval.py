@@ -15,7 +15,7 @@ import gemma4enc.retrieval as retrieval
 from gemma4enc.cli import app
 from gemma4enc.demo import write_video
 
-from .conftest import photo
+from .helpers import photo
 
 
 def encode(media, out, ckpt, *extra):

@@ -17,20 +17,7 @@ from gemma4enc.patches import patchify
 from gemma4enc.plan import Unit, batches
 from gemma4enc.model import load_tower
 
-from .conftest import reference
-
-
-def hf_image_features(ref, image, budget=280):
-    feats = Gemma4ImageProcessorPil(max_soft_tokens=budget)(images=[image], return_tensors="pt")
-    dtype = ref.model.vision_tower.patch_embedder.input_proj.weight.dtype
-    with torch.no_grad():
-        out = ref.model.get_image_features(feats["pixel_values"].to(dtype), image_position_ids=feats["image_position_ids"])
-    return out.pooler_output[0].float()
-
-
-def close(a, b, rel):
-    scale = b.abs().max().item()
-    return (a.float() - b).abs().max().item() <= rel * scale
+from .helpers import close, hf_image_features, reference
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,7 @@ from typer.testing import CliRunner
 
 from gemma4enc.cli import app
 
-from .conftest import photo
-from .test_cli import BASE, encode
-from .test_tower import close
+from .helpers import BASE, close, encode, flags, photo
 
 RUN = CliRunner()
 
@@ -193,7 +191,7 @@ def test_a_log_a_person_can_read(pics, ckpt, tmp_path):
     shutil.copytree(pics, media)
     (media / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 100)
     out, log = tmp_path / "out", tmp_path / "run.log"
-    result = encode([media, "-o", out, "--model", ckpt, *BASE[:-1], "--log-file", log])
+    result = encode([media, "-o", out, "--model", ckpt, *flags(quiet=False), "--log-file", log])
     assert result.exit_code == 1
     stamp = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d gemma4enc: "
     progress = [line for line in result.stderr.splitlines() if "files (" in line]
@@ -311,7 +309,7 @@ def test_plan_reads_the_width_takes_the_sampling_flags_and_warns(pics, ckpt, tmp
     assert plan.exit_code == 0, plan.output
     report = json.loads(plan.stdout)
     out = tmp_path / "out"
-    encoded = encode([media, "-o", out, "--model", ckpt, *BASE[:-4], *sampling, "--json", "-q"])
+    encoded = encode([media, "-o", out, "--model", ckpt, *flags(frames=None, fps=4, max_frames=6)])
     assert encoded.exit_code == 0, encoded.output
     summary = json.loads(encoded.stdout)
     assert report["tower_items"] == summary["frames"] == 3 + 6 and report["tokens"] == summary["tokens"]
