@@ -56,28 +56,6 @@ def test_cuda_bfloat16_matches_reference(ckpt_sharded, photos):
         assert close(got, hf_image_features(ref, image), 0.08)
 
 
-def test_memory_model_fit_and_budget_hold_for_any_token_budget():
-    """The fit recovers a device's linear and quadratic terms from the probe shapes, and the
-    patches it allows keep every planned pack under the budget, from 70 to 1120 tokens per item."""
-    from gemma4enc.options import Options
-    from gemma4enc.plan import PROBES, Unit, batches, fit_memory, largest_item, probe_items
-
-    calls = [[p.n for p in probe_items(n, k)] for n, k in PROBES]
-    for truth in ((3e8, 9e4, 40.0), (3e8, 9e4, 0.0)):  # scores materialised (eager) or not (varlen)
-        fixed, a, b = truth
-        peaks = [fixed + a * sum(c) + b * sum(n * n for n in c) for c in calls]
-        model = fit_memory(calls, [p * (1 + 0.01 * (-1) ** i) for i, p in enumerate(peaks)])  # 1% noise
-        assert abs(model.per_patch - a) / a < 0.15 and abs(model.per_patch_sq - b) <= 0.15 * b + 1e-3
-        budget = 16e9 * 0.7  # a 16 GB card
-        for tokens in (70, 140, 280, 560, 1120):
-            largest = largest_item(Options(image_tokens=tokens, video_tokens=70))
-            limit = max(largest, model.max_patches(budget, largest))
-            sizes = [largest] * 3 + [largest // 4] * 40 + [630] * 64
-            units = [Unit(i, 0, p) for i, p in enumerate(probe_items(n, 1)[0] for n in sizes)]
-            for batch in batches(units, "pack", limit):
-                assert fixed + a * sum(u.patches.n for u in batch) + b * sum(u.patches.n ** 2 for u in batch) <= budget
-
-
 @cuda
 def test_cuda_memory_model_predicts_the_peak_within_20_percent():
     from gemma4enc.bench import PeakMemory

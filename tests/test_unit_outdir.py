@@ -1,0 +1,159 @@
+"""outdir.py on its own: what is left to do against a manifest, and the repair of what a kill
+leaves in OUT. Manifests are written here by hand, shards by the real ShardWriter; no model runs.
+When one of these fails, the stage that broke is the ledger of what is done."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemma4enc.discover import Item, discover
+from gemma4enc.ledger import MANIFEST, append_rows
+from gemma4enc.options import Options
+from gemma4enc.outdir import repair, still_to_do
+from gemma4enc.shards import ShardWriter
+
+from .helpers import photo
+
+
+def row_for(path: Path, status: str = "ok", **changes) -> dict:
+    """The row a run would have written for the file as it is now."""
+    st = path.stat()
+    row = {"path": str(path), "kind": "image", "size": st.st_size, "mtime_ns": st.st_mtime_ns, "status": status,
+           "error": None if status == "ok" else "it failed", "shard": None, "index": None, "tokens": 0, "frames": 0}
+    return row | changes
+
+
+def manifest(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / MANIFEST).read_text().splitlines()]
+
+
+def names(items) -> list[str]:
+    return sorted(os.path.basename(i.path) for i in items)
+
+
+@pytest.fixture
+def media(tmp_path):
+    root = tmp_path / "media"
+    root.mkdir()
+    for i, name in enumerate("abcdefghij"):
+        photo(20 + i, 30, seed=i).save(root / f"{name}.png")
+    return root
+
+
+def test_new_changed_failed_and_lost_files_are_left_to_do(media, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    p = {n: media / f"{n}.png" for n in "abcdef"}
+    append_rows(out, [
+        row_for(p["a"]),  # done, unchanged
+        row_for(p["b"], size=p["b"].stat().st_size + 1),  # changed size
+        row_for(p["c"], mtime_ns=p["c"].stat().st_mtime_ns - 1),  # changed mtime
+        # d has no row: new
+        row_for(p["e"], status="decode_error"),  # failed: left alone unless --retry-failed
+        row_for(p["f"], status="shard_lost"),  # its shard went missing: always again
+    ])
+    written = (out / MANIFEST).read_bytes()
+    items = [i for i in discover([str(media)])[0] if os.path.basename(i.path)[0] in "abcdef"]
+    assert names(still_to_do(items, out, Options())) == ["b.png", "c.png", "d.png", "f.png"]
+    assert names(still_to_do(items, out, Options(retry_failed=True))) == ["b.png", "c.png", "d.png", "e.png", "f.png"]
+    assert (out / MANIFEST).read_bytes() == written  # deciding wrote nothing
+
+
+def test_with_hash_the_content_decides(media, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    digest = {n: hashlib.sha256((media / f"{n}.png").read_bytes()).hexdigest() for n in "ghij"}
+    touched = media / "g.png"
+    st = touched.stat()
+    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    append_rows(out, [
+        row_for(touched, mtime_ns=st.st_mtime_ns, sha256=digest["g"]),  # touched only: same content
+        row_for(media / "h.png", sha256="0" * 64),  # same size and mtime, other content
+        row_for(media / "i.png"),  # encoded before --hash was turned on, unchanged
+        row_for(media / "j.png", mtime_ns=1),  # no hash recorded and another mtime: cannot tell, so again
+    ])
+    items = [i for i in discover([str(media)])[0] if os.path.basename(i.path)[0] in "ghij"]
+    assert names(still_to_do(items, out, Options())) == ["g.png", "j.png"]  # size + mtime only: h is missed
+    assert names(still_to_do(items, out, Options(hash=True))) == ["h.png", "j.png"]
+    refreshed = {Path(r["path"]).name: r for r in manifest(out)[4:]}
+    assert sorted(refreshed) == ["g.png", "i.png"]
+    assert refreshed["g.png"]["mtime_ns"] == st.st_mtime_ns + 10**9 and refreshed["g.png"]["sha256"] == digest["g"]
+    assert refreshed["i.png"]["sha256"] == digest["i"]
+
+
+def test_a_file_under_a_moved_root_adopts_its_row(media, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    old = tmp_path / "old"
+    shutil.copytree(media, old, copy_function=shutil.copy2)  # copy2 keeps the mtimes, as a move does
+    append_rows(out, [row_for(old / n, root=str(old), rel=n, shard="shard-000004.safetensors", index=i, tokens=9)
+                      for i, n in enumerate(("a.png", "b.png"))])
+    (media / "b.png").write_bytes((media / "b.png").read_bytes() + b"\0")  # changed while it moved
+    items = [i for i in discover([str(media)])[0] if os.path.basename(i.path) in ("a.png", "b.png")]
+    assert names(still_to_do(items, out, Options())) == ["b.png"]
+    adopted = manifest(out)[2:]
+    assert len(adopted) == 1
+    assert {k: adopted[0][k] for k in ("path", "root", "rel", "shard", "index", "tokens")} == {
+        "path": str(media / "a.png"), "root": str(media), "rel": "a.png", "shard": "shard-000004.safetensors",
+        "index": 0, "tokens": 9}
+
+
+def written(out: Path, n: int) -> list[str]:
+    """n files' tokens in one real shard (shard-000000), their rows in the manifest."""
+    writer = ShardWriter(out, "float32", {"model": "test"})
+    paths = [f"/media/{i}.jpg" for i in range(n)]
+    for i, path in enumerate(paths):
+        writer.add({"path": path, "kind": "image", "size": 100 + i, "mtime_ns": 7, "status": "ok", "error": None,
+                    "tokens": 3, "frames": 1},
+                   [torch.full((3, 4), float(i))])
+    writer.close()
+    return paths
+
+
+def test_repair_undoes_what_a_kill_leaves_and_nothing_else(tmp_path):
+    out = tmp_path / "out"
+    paths = written(out, 2)
+    whole = (out / MANIFEST).read_bytes()
+    with open(out / MANIFEST, "ab") as f:
+        f.write(b'{"path": "/media/9.jpg", "si')  # killed mid-line
+    ours = [".gemma4enc-shard-000001.safetensors.4242.tmp", ".manifest.jsonl.77.tmp", ".write-test-5.tmp"]
+    theirs = [".draft.tmp", "notes.txt", "shard-notes.safetensors", "shard-1.safetensors"]  # not our names
+    for name in ours + theirs:
+        (out / name).write_bytes(b"half")
+    shutil.copy(out / "shard-000000.safetensors", out / "shard-000001.safetensors")  # written, its rows never
+    notes = repair(out)
+    assert (out / MANIFEST).read_bytes() == whole  # the torn line is gone, the next append starts a line
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "shard-000000.safetensors", *theirs])
+    assert notes == ["dropped a torn last line of the manifest (its file will be encoded again)",
+                     "removed 3 temp file(s) and 1 shard(s) of an interrupted run"]
+    assert [r["path"] for r in manifest(out)] == paths
+    assert repair(out) == []  # nothing left to undo
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_repair_marks_the_files_of_a_lost_shard_to_be_encoded_again(tmp_path, damage):
+    out = tmp_path / "out"
+    paths = written(out, 3)
+    items = [Item(p, "image", 100 + i, 7) for i, p in enumerate(paths)]  # as their rows record them
+    assert still_to_do(items, out, Options()) == []
+    shard = out / "shard-000000.safetensors"
+    if damage == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:100])
+    notes = repair(out)
+    lost_note = "1 shard(s) missing or unreadable (shard-000000.safetensors): their 3 file(s) are encoded again"
+    removed = [] if damage == "missing" else ["removed 0 temp file(s) and 1 shard(s) of an interrupted run"]
+    assert notes == [lost_note, *removed]
+    lost = manifest(out)[3:]
+    assert [(r["path"], r["status"], r["shard"], r["index"], r["tokens"]) for r in lost] == [
+        (p, "shard_lost", None, None, 0) for p in paths]
+    assert not shard.exists()  # no live row names it now
+    assert [i.path for i in still_to_do(items, out, Options())] == paths
