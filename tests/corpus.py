@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from pillow_heif import register_heif_opener
 
-import gemma4enc.decode  # noqa: F401 - registers the HEIF plugin with Pillow
 from gemma4enc.demo import write_video
 
 from .helpers import photo
@@ -49,8 +49,21 @@ def audio_only_mp4(path: Path) -> None:
             c.mux(p)
 
 
+# every file of the corpus → the status its row must get (None: no row, it is a folder)
+EXPECTED: dict[str, str | None] = {
+    "zero.jpg": "empty", "cut.jpg": "decode_error", "cut.png": "decode_error", "cut.mp4": "decode_error",
+    "noise.jpg": "unsupported", "noise.mp4": "decode_error", "page.jpg": "unsupported",
+    "bomb.png": "too_large", "folder.jpg": None, "gone.png": "not_found", "loop.jpg": "unreadable",
+    "pipe.jpg": "unsupported", "sound.mp4": "no_video_stream", "dot.png": "ok", "sliver.png": "ok",
+    "deep.png": "ok", "cmyk.jpg": "ok", "anim.gif": "ok", "photo-named.mp4": "ok",
+    os.fsdecode(b"latin1-\xe9t\xe9.jpg"): "ok", "new\nline.png": "ok", "phone.heic": "ok", "modern.avif": "ok",
+}
+# what a failed row's error must also say, where the status alone does not tell the cause
+ERROR_SAYS = {"gone.png": "symlink", "pipe.jpg": "not a regular file", "bomb.png": "--max-image-pixels"}
+
+
 def bad_media(root: Path, good: Path) -> dict[str, str | None]:
-    """Write the corpus into root; return file name → expected status (None: no row, a folder)."""
+    """Write the corpus into root; return EXPECTED (file name → expected status)."""
     root.mkdir(parents=True, exist_ok=True)
     jpeg, png = io.BytesIO(), io.BytesIO()
     photo(200, 300).save(jpeg, "JPEG")
@@ -83,13 +96,8 @@ def bad_media(root: Path, good: Path) -> dict[str, str | None]:
     shutil.copy(good / "photo0.jpg", root / "photo-named.mp4")  # a JPEG with a video's name
     shutil.copy(good / "photo1.jpg", os.fsencode(root) + b"/latin1-\xe9t\xe9.jpg")  # a name that is not UTF-8
     shutil.copy(good / "small.png", root / "new\nline.png")
+    register_heif_opener()  # to write HEIC here (gemma4enc adds it to Pillow only once it decodes)
     photo(90, 160).save(root / "phone.heic")
     photo(90, 160).save(root / "modern.avif")
-    return {
-        "zero.jpg": "empty", "cut.jpg": "decode_error", "cut.png": "decode_error", "cut.mp4": "decode_error",
-        "noise.jpg": "unsupported", "noise.mp4": "decode_error", "page.jpg": "unsupported",
-        "bomb.png": "too_large", "folder.jpg": None, "gone.png": "not_found", "loop.jpg": "unreadable",
-        "pipe.jpg": "unsupported", "sound.mp4": "no_video_stream", "dot.png": "ok", "sliver.png": "ok",
-        "deep.png": "ok", "cmyk.jpg": "ok", "anim.gif": "ok", "photo-named.mp4": "ok",
-        os.fsdecode(b"latin1-\xe9t\xe9.jpg"): "ok", "new\nline.png": "ok", "phone.heic": "ok", "modern.avif": "ok",
-    }
+    assert {os.fsdecode(n) for n in os.listdir(root)} == set(EXPECTED), "EXPECTED names every file"
+    return EXPECTED

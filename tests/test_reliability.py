@@ -22,7 +22,7 @@ from gemma4enc.discover import discover
 from gemma4enc.options import Options
 from gemma4enc.run import encode_files
 
-from .corpus import bad_media
+from .corpus import ERROR_SAYS, EXPECTED, bad_media
 from .helpers import BASE, RUN, by_name, encode, encode_argv, flags, photo, shard_tokens, verify
 
 
@@ -35,27 +35,41 @@ def clean(good, ckpt, tmp_path_factory):
     return {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
 
 
-def test_bad_inputs_get_their_rows_and_leave_good_files_alone(good, clean, ckpt, tmp_path):
-    media = tmp_path / "media"
+@pytest.fixture(scope="module")
+def hostile_run(good, ckpt, tmp_path_factory):
+    """The good files with the hostile corpus beside them in bad/, encoded once: (out, result)."""
+    work = tmp_path_factory.mktemp("hostile")
+    media = work / "media"
     shutil.copytree(good, media)
-    expected = bad_media(media / "bad", good)
-    assert len(expected) >= 15
-    result = encode([media, "-o", tmp_path / "out", "--model", ckpt, "--decode-timeout", "60", *BASE])
+    bad_media(media / "bad", good)
+    result = encode([media, "-o", work / "out", "--model", ckpt, "--decode-timeout", "60", *BASE])
+    return work / "out", result
+
+
+@pytest.mark.parametrize("name, status", EXPECTED.items(), ids=[ascii(n)[1:-1] for n in EXPECTED])
+def test_each_hostile_file_gets_its_status(hostile_run, name, status):
+    """One test id per corpus file, so every wrong status shows, not only the first."""
+    out, _ = hostile_run
+    rows = by_name(out)
+    if status is None:
+        assert name not in rows  # a folder named like a photo is walked, not a file
+        return
+    assert rows[name]["status"] == status, rows[name]
+    assert status == "ok" or len(rows[name]["error"]) > 10, rows[name]
+    assert ERROR_SAYS.get(name, "") in (rows[name]["error"] or ""), rows[name]
+
+
+def test_hostile_neighbours_leave_good_files_alone(hostile_run, clean):
+    out, result = hostile_run
     assert result.exit_code == 1, result.output
-    rows = by_name(tmp_path / "out")
-    for name, status in expected.items():
-        if status is None:
-            assert name not in rows, name  # a folder named like a photo is walked, not a file
-        else:
-            assert rows[name]["status"] == status, (name, rows[name])
-            assert status == "ok" or len(rows[name]["error"]) > 10, name
+    rows = by_name(out)
     assert rows["sliver.png"]["width"] == 20000 and rows["dot.png"]["tokens"] > 0
-    tokens = {Path(p).name: t for p, t in shard_tokens(tmp_path / "out")[1].items()}
+    tokens = {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
     for name, want in clean.items():
         assert torch.equal(tokens[name], want), name  # bit for bit, bad neighbours or not
-    assert verify(tmp_path / "out")["ok"]
+    assert verify(out)["ok"]
     summary = json.loads(result.stdout)
-    assert summary["failed"] == sum(1 for s in expected.values() if s not in (None, "ok"))
+    assert summary["failed"] == sum(1 for s in EXPECTED.values() if s not in (None, "ok"))
 
 
 def test_max_failures_aborts_with_exit_3_and_resumes(good, ckpt, tmp_path):
