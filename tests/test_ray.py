@@ -155,20 +155,21 @@ def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_pa
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start = time.perf_counter()
     result = encode([media, "-o", tmp_path / "a", "--model", ckpt, *BASE, "--engine", "ray",
                      "--ray-address", f"127.0.0.1:{port}"])
-    assert result.exit_code == 2 and "cannot reach a Ray cluster" in result.output
-    assert time.perf_counter() - start < 15
+    # refused by our own socket check (5 s at most), before Ray's minutes of reconnecting
+    assert result.exit_code == 2 and f"cannot reach a Ray cluster at 127.0.0.1:{port}: Connection refused" in result.output
 
     result = encode([media, "-o", tmp_path / "b", "--model", ckpt, *flags(device="cuda"), "--engine", "ray"])
     assert result.exit_code == 2 and "the Ray cluster has 0" in result.output, result.output
     assert not list((tmp_path / "b").glob("*.safetensors"))
 
-    start = time.perf_counter()  # auto with no cluster running: refused, no private Ray started instead
+    # auto with no cluster running: refused by ray.init itself, no private Ray started instead
     result = encode([media, "-o", tmp_path / "e", "--model", ckpt, *BASE, "--engine", "ray", "--ray-address", "auto"])
     assert result.exit_code == 2 and "cannot start or join Ray (auto)" in result.output, result.output
-    assert time.perf_counter() - start < 30
+    import ray
+
+    assert not ray.is_initialized()
 
     result = encode([media, "-o", tmp_path / "c", "--model", ckpt, "--engine", "ray", "--ray-address", "x"])
     assert result.exit_code == 2 and "HOST:PORT" in result.output

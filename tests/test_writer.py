@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-import time
+import threading
 
 import pytest
 import torch
@@ -19,23 +19,28 @@ def row(i: int) -> dict:
 
 
 def test_writing_runs_beside_the_caller(tmp_path, monkeypatch):
+    """No clock: the first write is held until the test lets it go, and add() must return meanwhile."""
     real = shards.save_file
+    writing, release, threads = threading.Event(), threading.Event(), []
 
-    def slow(tensors, path, metadata=None):
-        time.sleep(0.5)
+    def held(tensors, path, metadata=None):
+        threads.append(threading.current_thread())
+        writing.set()
+        assert release.wait(120), "add() waited for the disk: the write was never let go"
         real(tensors, path, metadata=metadata)
 
-    monkeypatch.setattr(shards, "save_file", slow)
+    monkeypatch.setattr(shards, "save_file", held)
     writer = ShardWriter(tmp_path, "float32", {}, shard_bytes=1)
-    start = time.monotonic()
     writer.add(row(0), [torch.ones(3, 4)])  # a full shard: handed to the writing thread
-    assert time.monotonic() - start < 0.3 and not (tmp_path / "manifest.jsonl").exists()
+    assert writing.wait(120) and not (tmp_path / "manifest.jsonl").exists()  # returned while the write is held
+    release.set()
     writer.add(row(1), [torch.full((3, 4), 2.0)])  # waits for the first, hands over the second
     writer.flush()
     emb = Embeddings(tmp_path)
     assert torch.equal(emb["/media/1.jpg"], torch.full((3, 4), 2.0))
     assert [emb.row(f"/media/{i}.jpg")["shard"] for i in (0, 1)] == ["shard-000000.safetensors",
                                                                    "shard-000001.safetensors"]
+    assert all(t is not threading.main_thread() for t in threads) and len(threads) == 2
 
 
 def test_a_failed_write_surfaces_at_the_next_call(tmp_path, monkeypatch):
