@@ -45,11 +45,10 @@ def parse_size(text: str, flag: str = "--shard-size") -> int:
 
 
 def format_size(size: int) -> str:
-    """The shortest exact spelling parse_size reads back: 1GiB, 256MB, 1000."""
-    for unit in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB"):
-        if size % SIZE_UNITS[unit.upper()] == 0:
-            return f"{size // SIZE_UNITS[unit.upper()]}{unit}"
-    return str(size)
+    """The shortest exact spelling parse_size reads back: 1GiB, 256MB, 1536."""
+    exact = [f"{size // SIZE_UNITS[u.upper()]}{u}" for u in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB")
+             if size % SIZE_UNITS[u.upper()] == 0]
+    return min([*exact, str(size)], key=len)  # not the first unit that divides: 256MB is also 250000KiB
 
 
 @dataclass(frozen=True)

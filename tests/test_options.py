@@ -34,6 +34,12 @@ def test_the_default_spelling_reads_back(size):
     assert parse_size(format_size(size)) == size
 
 
+@pytest.mark.parametrize("size, text", [(2**30, "1GiB"), (3 * 2**20, "3MiB"), (10**9, "1GB"), (256 * 10**6, "256MB"),
+                                        (1000, "1KB"), (1536, "1536"), (999, "999"), (1, "1")])
+def test_sizes_are_spelled_in_the_largest_exact_unit(size, text):
+    assert format_size(size) == text  # binary first: 2³⁰ is 1GiB, never 1073741824
+
+
 @pytest.mark.parametrize("kw, flag", [
     ({"batching": "fast"}, "--batching"), ({"image_tokens": 100}, "--max-soft-tokens"),
     ({"video_tokens": 71}, "--video-soft-tokens"), ({"dtype": "half"}, "--dtype"), ({"out_dtype": "int8"}, "--out-dtype"),
