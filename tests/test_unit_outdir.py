@@ -16,7 +16,8 @@ import torch
 from gemma4enc.discover import Item, discover
 from gemma4enc.ledger import MANIFEST, append_rows
 from gemma4enc.options import Options
-from gemma4enc.outdir import repair, still_to_do
+from gemma4enc.errors import UsageError
+from gemma4enc.outdir import prepare_out, repair, still_to_do, write_settings
 from gemma4enc.shards import ShardWriter
 
 from .helpers import photo
@@ -157,3 +158,25 @@ def test_repair_marks_the_files_of_a_lost_shard_to_be_encoded_again(tmp_path, da
         (p, "shard_lost", None, None, 0) for p in paths]
     assert not shard.exists()  # no live row names it now
     assert [i.path for i in still_to_do(items, out, Options())] == paths
+
+
+def test_settings_are_recorded_once_and_only_output_shaping_ones_must_match(tmp_path):
+    from gemma4enc.decode import Sampling
+
+    out = tmp_path / "out"
+    first = Options(dtype="float32", sampling=Sampling(frames=4))
+    assert prepare_out(out, first) == []
+    write_settings(out, first)
+    recorded = json.loads((out / "settings.json").read_text())
+    assert recorded["sampling"] == {"frames": 4, "fps": None, "max_frames": 32} and recorded["dtype"] == "float32"
+    assert "workers" not in recorded and "batching" not in recorded
+    prepare_out(out, Options(dtype="float32", sampling=Sampling(frames=4), workers=3, batching="pack"))  # speed only
+    with pytest.raises(UsageError, match=r"other settings \(sampling: .*'frames': 4.* → .*'frames': 6"):
+        prepare_out(out, Options(dtype="float32", sampling=Sampling(frames=6)))
+    with pytest.raises(UsageError, match=r"other settings \(dtype: 'float32' → 'bfloat16'\)"):
+        prepare_out(out, Options(dtype="bfloat16", sampling=Sampling(frames=4)))
+    del recorded["seek"]  # a folder from a version that did not record seek yet
+    (out / "settings.json").write_text(json.dumps(recorded))
+    prepare_out(out, Options(dtype="float32", sampling=Sampling(frames=4), seek="keyframe"))
+    write_settings(out, Options(dtype="bfloat16"))  # recorded once: a later run only checks
+    assert json.loads((out / "settings.json").read_text()) == recorded
