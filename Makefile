@@ -25,11 +25,13 @@ test:
 bench:
 	$(PY) -m gemma4enc bench --device cpu --layers 2 --items 12 --workload photos --workload video --workload mixed --json bench-out/bench.json
 
+# real-size media (generated once into ~/.cache/gemma4enc/bench-media/v1) or DIR=folder: decode per core, cores to feed, overlap
 bench-e2e:
-	$(PY) -m gemma4enc bench --e2e --device cpu --layers 2 --items 40 --json bench-out/e2e.json
+	$(PY) -m gemma4enc bench --e2e $(DIR) --device cpu --layers 2 --json bench-out/e2e.json
 
+# does host memory grow with the folder? peak RSS of encode over 500 and 5,000 files (a developer check)
 bench-rss:
-	$(PY) -m gemma4enc bench --rss --items 500 --json bench-out/rss.json
+	$(PY) benchmarks/rss.py --items 500 --json bench-out/rss.json
 
 # re-runs over 100 k and 1 M files that are mostly done (no-op, 1 % changed, inspect, verify, compact)
 bench-ledger:

@@ -2,11 +2,10 @@
 
     python benchmarks/decode.py [DIR] [--json bench-out/decode.json]      (or: make bench-decode DIR=...)
 
-Without DIR it generates once, and caches (--cache, default ~/.cache/gemma4enc/bench-media),
-phone-size media: 12 MP and 24 MP JPEGs (camera-like content and noise, some stored turned
-under EXIF orientation 6), a 12 MP HEIC, 2560×1440 PNG screenshots, and clips: 10 s 480p and
-60 s 1080p H.264 (GOP 250, B-frames), 10 s 1080p HEVC and VP9. With DIR: a sample of that
-folder's files, grouped by format.
+Without DIR it measures the real-size set of `gemma4enc bench --e2e` (gemma4enc/benchmedia.py:
+12 MP and 24 MP JPEGs, some under EXIF orientation 6, a 12 MP HEIC, 2560×1440 PNG screenshots,
+10 s 480p and 60 s 1080p H.264, 10 s 1080p HEVC and VP9), made once and cached (--cache, default
+~/.cache/gemma4enc/bench-media). With DIR: a sample of that folder's files, grouped by format.
 
 Each (kind, method) runs in a fresh process doing exactly a worker's job (`workers.prepare`:
 decode + patchify), so its CPU time (time.process_time) is the cost per core and its peak RSS
@@ -23,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -35,6 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gemma4enc import benchmedia  # noqa: E402
+
 IMAGE_METHODS = ("fast", "exact", "transformers")
 VIDEO_METHODS = ("auto", "pyav") + (("decord",) if __import__("importlib.util").util.find_spec("decord") else ())
 PROGRESS_S = 3.0
@@ -43,128 +43,6 @@ IDENTICAL_DB = 100.0  # PSNR reported for identical pixels (JSON has no infinity
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# ---- generated media ------------------------------------------------------------------------
-
-
-def screenshot(width: int, height: int, seed: int):
-    """A desktop: flat panels, hard edges, lines of small text, a photo in a window."""
-    from PIL import Image, ImageDraw
-
-    from gemma4enc.camera import camera_photo
-
-    rng = np.random.default_rng(seed)
-    image = Image.new("RGB", (width, height), (236, 236, 240))
-    draw = ImageDraw.Draw(image)
-    draw.rectangle((0, 0, width, 36), fill=(40, 44, 52))
-    for _ in range(6):
-        x0, y0 = int(rng.integers(0, width * 2 // 3)), int(rng.integers(40, height * 2 // 3))
-        x1, y1 = x0 + int(rng.integers(300, width // 2)), y0 + int(rng.integers(200, height // 2))
-        draw.rectangle((x0, y0, x1, y1), fill=tuple(int(c) for c in rng.integers(200, 256, 3)), outline=(90, 90, 90))
-        draw.rectangle((x0, y0, x1, y0 + 24), fill=tuple(int(c) for c in rng.integers(60, 160, 3)))
-        for line in range(y0 + 32, y1 - 14, 18):
-            words = " ".join("".join(chr(97 + int(c)) for c in rng.integers(0, 26, rng.integers(2, 9)))
-                             for _ in range(int(rng.integers(3, 12))))
-            draw.text((x0 + 8, line), words, fill=(20, 20, 20))
-    image.paste(camera_photo(640, 400, seed=seed), (width - 700, height - 460))
-    return image
-
-
-def write_clip(path: Path, codec: str, size: tuple[int, int], seconds: int, options: dict, fps: int = 30) -> None:
-    """A panning camera-like scene with fresh sensor noise in every frame."""
-    import av
-
-    from gemma4enc.camera import camera_photo
-
-    w, h = size
-    scene = np.asarray(camera_photo(w + w // 2, h + h // 4, seed=len(path.name)))
-    rng = np.random.default_rng(0)
-    noise = [rng.integers(-6, 7, (h, w, 3), dtype=np.int16) for _ in range(5)]
-    total, start, last = seconds * fps, time.monotonic(), time.monotonic()
-    tmp = path.with_name(f".{path.name}.part")
-    with av.open(str(tmp), "w", format=path.suffix.lstrip(".").replace("mkv", "matroska")) as container:
-        stream = container.add_stream(codec, rate=fps, options=options)
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        for i in range(total):
-            x = int((w // 2) * (0.5 + 0.5 * np.sin(i / 97)))
-            y = int((h // 4) * (0.5 + 0.5 * np.cos(i / 131)))
-            frame = np.clip(scene[y: y + h, x: x + w].astype(np.int16) + noise[i % 5], 0, 255).astype(np.uint8)
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-            if time.monotonic() - last > PROGRESS_S:
-                last = time.monotonic()
-                log(f"  {path.name}: frame {i + 1}/{total}, {(i + 1) / (last - start):.0f} frames/s")
-        container.mux(stream.encode())
-    tmp.rename(path)
-
-
-X264 = {"preset": "veryfast", "crf": "23", "x264-params": "keyint=250:min-keyint=25:bframes=3"}
-X265 = {"preset": "ultrafast", "crf": "28", "x265-params": "keyint=250:bframes=4:log-level=error"}
-VP9 = {"deadline": "realtime", "cpu-used": "8", "crf": "33", "b": "0", "g": "250", "row-mt": "1"}
-
-
-def media_plan():
-    """kind -> list of (file name, how to make it). Photos with 'o6' are stored turned (EXIF 6)."""
-    from gemma4enc.camera import camera_photo, save_photo
-
-    def photo(w, h, seed, orientation=1, quality=90):
-        return lambda path: save_photo(camera_photo(w, h, seed=seed), path, orientation, quality)
-
-    def clip(codec, size, seconds, options):
-        return lambda path: write_clip(path, codec, size, seconds, options)
-
-    return {
-        "jpeg-12mp": [("12mp-a.jpg", photo(4032, 3024, 1)), ("12mp-b-o6.jpg", photo(3024, 4032, 2, 6)),
-                      ("12mp-c.jpg", photo(4032, 3024, 3)), ("12mp-d-o6.jpg", photo(3024, 4032, 4, 6))],
-        "jpeg-24mp": [("24mp-a.jpg", photo(6000, 4000, 5)), ("24mp-b-o6.jpg", photo(4000, 6000, 6, 6))],
-        "heic-12mp": [("12mp-a.heic", photo(4032, 3024, 7, quality=50))],  # ~3 MB, as a phone's
-        "png-screenshot": [(f"screen-{i}.png", lambda path, i=i: screenshot(2560, 1440, i).save(path))
-                           for i in range(2)],
-        "h264-480p-10s": [("h264-480p-10s.mp4", clip("libx264", (854, 480), 10, X264))],
-        "h264-1080p-60s": [("h264-1080p-60s.mp4", clip("libx264", (1920, 1080), 60, X264))],
-        "hevc-1080p-10s": [("hevc-1080p-10s.mp4", clip("libx265", (1920, 1080), 10, X265))],
-        "vp9-1080p-10s": [("vp9-1080p-10s.webm", clip("libvpx-vp9", (1920, 1080), 10, VP9))],
-    }
-
-
-def generated(cache: Path, kinds: list[str] | None) -> dict[str, list[str]]:
-    """Make what the cache lacks (a .part file until finished, so a kill leaves nothing half-made)."""
-    from pillow_heif import register_heif_opener
-
-    register_heif_opener()
-    cache.mkdir(parents=True, exist_ok=True)
-    groups = {}
-    for kind, files in media_plan().items():
-        if kinds and kind not in kinds:
-            continue
-        for name, make in files:
-            path = cache / name
-            if not path.exists():
-                log(f"generating {path} (once; cached)")
-                start = time.monotonic()
-                if path.suffix in (".mp4", ".webm"):
-                    make(path)
-                else:
-                    part = path.with_name(f".{path.stem}.part{path.suffix}")
-                    make(part)
-                    part.rename(path)
-                log(f"  {name}: {path.stat().st_size / 1e6:.1f} MB in {time.monotonic() - start:.0f} s")
-        groups[kind] = [str(cache / name) for name, _ in files]
-    return groups
-
-
-def sampled(folder: Path, count: int, seed: int = 0) -> dict[str, list[str]]:
-    """DIR: up to `count` files per format (extension), drawn at random."""
-    from gemma4enc.discover import discover
-
-    items, _ = discover([str(folder)])
-    groups: dict[str, list[str]] = {}
-    for item in items:
-        if item.kind in ("image", "video") and not item.error:
-            ext = Path(item.path).suffix.lower().lstrip(".") or "noext"
-            groups.setdefault(f"{item.kind}-{ext}", []).append(item.path)
-    rng = random.Random(seed)
-    return {k: sorted(rng.sample(v, min(count, len(v)))) for k, v in sorted(groups.items())}
 
 
 # ---- one measurement, in its own process ------------------------------------------------------
@@ -204,6 +82,8 @@ def child(spec: dict) -> dict:
                 raise SystemExit(f"{path}: {d.status}: {d.error}")
             return sum(p.n for p in d.patches), len(d.patches)
 
+    from gemma4enc.e2e import peak_rss  # VmHWM, not ru_maxrss: Linux carries that across exec from the parent
+
     base_rss = peak_rss()  # the modules a worker holds
     one(files[0])  # warm-up: first-call costs (codec tables, lazy imports) are not per-file costs
     cpu, frames, patches, done, last = 0.0, 0, 0, 0, time.monotonic()
@@ -219,20 +99,6 @@ def child(spec: dict) -> dict:
                 log(f"  {label} {method}: {done}/{total} files, {1e3 * cpu / done:.0f} ms CPU per file")
     return {"files": done, "frames": frames, "patches": patches, "cpu_s": cpu, "rss_after_imports": base_rss,
             "peak_rss": peak_rss()}
-
-
-def peak_rss() -> int:
-    """This process's peak RSS, bytes: the kernel's high-water mark of its memory since exec.
-
-    Not getrusage's ru_maxrss: Linux carries that across exec from the forked copy of the
-    parent, so every child would report the benchmark's own peak (seen: 651 MB for all).
-    """
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # not Linux: the best there is
 
 
 def measure(spec: dict) -> dict:
@@ -284,7 +150,7 @@ def run(groups: dict[str, list[str]], args) -> dict:
               "rounds": args.rounds, "tower_rate": args.tower_rate, "tower_frame_rate": args.tower_frame_rate,
               "cpu": cpu_model(), "kinds": {}}
     for kind, files in groups.items():
-        is_video = kind.startswith(("h264", "hevc", "vp9", "video"))
+        is_video = benchmedia.is_video(kind)
         methods = VIDEO_METHODS if is_video else IMAGE_METHODS
         repeats = 1 if is_video else max(1, args.min_files // len(files))
         rounds: dict[str, list[dict]] = {m: [] for m in methods}
@@ -341,7 +207,7 @@ def cpu_model() -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("dir", nargs="?", help="measure a sample of this folder instead of the generated set")
-    p.add_argument("--cache", default=str(Path.home() / ".cache" / "gemma4enc" / "bench-media"))
+    p.add_argument("--cache", help="where the generated media are cached (default ~/.cache/gemma4enc/bench-media)")
     p.add_argument("--kinds", nargs="*", help="only these generated kinds (default: all)")
     p.add_argument("--sample", type=int, default=6, help="DIR: files per format")
     p.add_argument("--max-soft-tokens", type=int, default=280)
@@ -357,10 +223,12 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
-    groups = sampled(Path(args.dir), args.sample) if args.dir else generated(Path(args.cache), args.kinds)
+    if args.cache:
+        os.environ["GEMMA4ENC_BENCH_MEDIA"] = args.cache
+    groups = benchmedia.sampled(Path(args.dir), args.sample) if args.dir else benchmedia.generated(args.kinds, log)[0]
     start = time.monotonic()
     report = run(groups, args)
-    report["source"] = args.dir or args.cache
+    report["source"] = args.dir or str(benchmedia.cache_dir())
     report["wall_s"] = time.monotonic() - start
     report["load_average"] = os.getloadavg()
     log(f"\n{report['cpu']}; load average {report['load_average'][0]:.1f}; {report['wall_s']:.0f} s")

@@ -458,30 +458,34 @@ def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help=
 
 @command()
 def bench(
+    folder: Annotated[Optional[Path], typer.Argument(help="--e2e: measure a sample of this folder instead of the generated real-size set.", show_default=False)] = None,
     size: Annotated[str, typer.Option(help="Released tower size to imitate: e2b or 26b (random weights).")] = "e2b",
     layers: Annotated[Optional[int], typer.Option(help="Use only N encoder layers (to fit a CPU's time).")] = None,
     workload: Annotated[Optional[list[str]], typer.Option(help="photos, video or mixed (repeatable).")] = None,
-    items: Annotated[int, typer.Option(help="Items per workload (video: clips of 32 frames).")] = 24,
+    items: Annotated[int, typer.Option(help="Items per workload (video: clips of 32 frames); --e2e DIR: files sampled per kind.")] = 24,
     repeats: Annotated[int, typer.Option(help="Interleaved rounds; medians are reported.")] = 3,
     device: Device = "auto",
     dtype: Dtype = "auto",
     max_batch_patches: MaxPatches = None,
     use_compile: Annotated[bool, typer.Option("--compile", help="Add `compiled`: serial through the torch.compile'd layers (compile time reported apart).")] = False,
-    e2e: Annotated[bool, typer.Option("--e2e", help="Instead: a generated folder through decode workers, tower and shards; decode-only, encode-only, end-to-end and their overlap.")] = False,
-    rss: Annotated[bool, typer.Option("--rss", help="Instead: peak RSS of encode over folders of ITEMS and 10 × ITEMS generated files (does memory grow with the folder?).")] = False,
+    e2e: Annotated[bool, typer.Option("--e2e", help="Instead: real-size media (generated once and cached, or a sample of FOLDER) per kind: decode rate per core, peak RSS per worker, cores that keep the tower fed; then decode workers → tower → shards and their overlap.")] = False,
+    tower_rate: Annotated[Optional[float], typer.Option(help="--e2e: photos/s at 280 tokens the tower takes (e.g. your GPU's), instead of the rate measured here.", min=0.001)] = None,
     workers: Workers = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON here.")] = None,
 ):
     """Benchmark hf-padded, serial, bucket and pack side by side (items/s, patches/s, memory, MFU)."""
-    from .bench import bench as run_bench
-    from .bench import e2e as run_e2e
-    from .bench import rss as run_rss
+    if folder is not None and not e2e:
+        raise UsageError("a FOLDER is measured only with --e2e")
+    if folder is not None and not folder.is_dir():
+        raise UsageError(f"{folder}: not a folder")
+    if e2e:
+        from .e2e import e2e as run_e2e
 
-    if rss:
-        report = run_rss((items, 10 * items), workers, log=lambda s: typer.echo(s))
-    elif e2e:
-        report = run_e2e(size, layers, device, dtype, items, workers, repeats, log=lambda s: typer.echo(s))
+        report = run_e2e(size, layers, device, dtype, items, workers, repeats, folder, tower_rate,
+                         log=lambda s: typer.echo(s))
     else:
+        from .bench import bench as run_bench
+
         report = run_bench(size, layers, device, dtype, tuple(workload or ["photos"]), items, repeats,
                            max_batch_patches, use_compile, log=lambda s: typer.echo(s))
     if json_path:

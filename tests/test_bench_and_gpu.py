@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gemma4enc.bench import bench, e2e, random_tower, workload
+from gemma4enc.bench import bench, random_tower, workload
+from gemma4enc.e2e import e2e
 from gemma4enc.patches import patchify
 
 from .helpers import close, hf_image_features, reference
@@ -26,12 +27,42 @@ def test_bench_reports_every_method():
     assert workload["default_vs_hf_padded"] == rows["serial"]["vs_hf_padded"]
 
 
-def test_e2e_bench_reports_decode_encode_and_overlap():
-    report = e2e(size="e2b", layers=1, device="cpu", count=3, workers=1, repeats=1, log=lambda s: None)
+def test_e2e_bench_generates_real_kinds_once_and_reports_each(tmp_path, monkeypatch):
+    """bench --e2e on the generated set, shrunk: every kind measured, cached for the next run."""
+    from gemma4enc import benchmedia
+
+    monkeypatch.setenv("GEMMA4ENC_BENCH_MEDIA", str(tmp_path / "media"))
+    monkeypatch.setenv("GEMMA4ENC_BENCH_SCALE", "0.03")
+    lines = []
+    report = e2e(size="e2b", layers=1, device="cpu", workers=1, repeats=1, image_tokens=70, frames=2, log=lines.append)
+    expected = {k for k in benchmedia.plan() if not benchmedia.missing_encoder(k)}
+    assert set(report["kinds"]) == expected and {"jpeg-12mp", "h264-1080p-60s"} <= expected
+    for kind, entry in report["kinds"].items():
+        assert entry["per_core"] > 0 and entry["peak_rss_per_worker_bytes"] > 0
+        assert entry["cores_to_feed"] == report["tower_patches_per_s"] / entry["patches_per_core_s"]
+        assert entry["frames"] == (2 if benchmedia.is_video(kind) else max(8, entry["files"]))
+    assert report["generation_cpu_s"] > 0 and any("generating" in line for line in lines)
     assert set(report["items_per_s"]) == {"decode-only", "encode-only", "end-to-end"}
-    assert report["files"] == 3 and all(v > 0 for v in report["items_per_s"].values())
     slowest = min(report["items_per_s"]["decode-only"], report["items_per_s"]["encode-only"])
     assert report["overlap"] == report["items_per_s"]["end-to-end"] / slowest
+    made = sorted(p.stat().st_mtime_ns for p in benchmedia.cache_dir().iterdir())
+    again = e2e(size="e2b", layers=1, device="cpu", workers=1, repeats=1, tower_rate=370, image_tokens=70, frames=2,
+                log=lambda s: None)
+    assert again["generation_cpu_s"] == 0 and sorted(p.stat().st_mtime_ns for p in benchmedia.cache_dir().iterdir()) == made
+    assert again["tower_patches_per_s"] == 370 * 70 * 9
+
+
+def test_e2e_bench_samples_a_folder_by_kind(tmp_path, photos):
+    from PIL import Image
+
+    for i, image in enumerate(photos[:3]):
+        image.save(tmp_path / f"p{i}.jpg")
+    photos[3].save(tmp_path / "s.png")
+    (tmp_path / "notes.txt").write_text("not media")
+    report = e2e(size="e2b", layers=1, device="cpu", count=2, workers=1, repeats=1, folder=tmp_path, image_tokens=70,
+                 log=lambda s: None)
+    assert {k: v["files"] for k, v in report["kinds"].items()} == {"image-jpg": 2, "image-png": 1}
+    assert report["files"] == 3 and report["source"] == str(tmp_path)
 
 
 @cuda
@@ -70,3 +101,15 @@ def test_cuda_memory_model_predicts_the_peak_within_20_percent():
             with PeakMemory(tower.device) as mem:
                 tower.encode([u.patches for u in batch], pack=mode == "pack")
             assert 0.8 <= mem.peak / model.peak(sizes) <= 1.2, (mode, sizes[:3], mem.peak, model.peak(sizes))
+
+
+def test_bench_folder_needs_e2e_and_media(tmp_path):
+    from typer.testing import CliRunner
+
+    from gemma4enc.cli import app
+
+    run = CliRunner()
+    without = run.invoke(app, ["bench", str(tmp_path)])
+    empty = run.invoke(app, ["bench", "--e2e", "--device", "cpu", str(tmp_path)])
+    assert (without.exit_code, empty.exit_code) == (2, 2)
+    assert "--e2e" in without.output and "no images or videos" in empty.output
