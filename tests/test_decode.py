@@ -279,3 +279,22 @@ def test_without_decord_auto_uses_pyav(clips, monkeypatch):
     assert frames.info["backend"] == "pyav" and _indices_read(frames) == frames.indices
     with pytest.raises(DecodeError, match="decord is not installed"):
         decode_video(str(clips / "h264.mp4"), Sampling(frames=4), "decord")
+
+
+def test_auto_takes_pyav_and_falls_back_to_decord(clips, monkeypatch):
+    """auto: PyAV (it skips unneeded frames); decord only where PyAV cannot read the file."""
+    from gemma4enc import decode
+
+    pytest.importorskip("decord")
+    first = decode_video(str(clips / "h264.mp4"), Sampling(frames=4), "auto")
+    assert first.info["backend"] == "pyav"
+
+    def broken(*args):
+        raise DecodeError("decode_error", "pyav: cannot read it")
+
+    monkeypatch.setattr(decode, "decode_video_pyav", broken)
+    fallback = decode_video(str(clips / "h264.mp4"), Sampling(frames=4), "auto")
+    assert fallback.info["backend"] == "decord" and fallback.indices == first.indices
+    assert all((a == b).all() for a, b in zip(fallback.images, first.images))  # the same RGB, bit for bit
+    with pytest.raises(DecodeError, match="pyav: cannot read it"):
+        decode_video(str(clips / "hevc.mp4"), Sampling(frames=4), "auto")  # decord is inexact on HEVC: no fallback
