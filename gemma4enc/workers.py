@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable, Iterable, Iterator
@@ -136,9 +137,10 @@ class _Worker:
         child.close()
         self.task: tuple[int, Item] | None = None
         self.deadline = float("inf")
+        self.threads = 1  # decoder threads of the task in hand
 
     def give(self, seq: int, item: Item, timeout: float | None, threads: int = 1) -> None:
-        self.task = (seq, item)
+        self.task, self.threads = (seq, item), threads
         self.deadline = time.monotonic() + timeout if timeout else float("inf")
         self.conn.send((seq, item, threads))
 
@@ -218,7 +220,9 @@ class _Run:
         self.cond = threading.Condition()
         self.submitted = self.taken = 0
         self.exhausted = self.stopping = False
-        self.peeked = next(self.items, None)  # read ahead by one: see _next
+        self.ahead_items: deque[Item] = deque()  # read ahead by a worker's count: see _next
+        self.source_done = False
+        self._refill()
         self.failure: BaseException | None = None
         self.thread = threading.Thread(target=self._manage, name="gemma4enc-decode-manager", daemon=True)
         self.thread.start()
@@ -286,20 +290,32 @@ class _Run:
                 w.give(self.submitted, item, self.pool.timeout, self._threads())
                 self.submitted += 1
 
+    def _refill(self) -> None:
+        while not self.source_done and len(self.ahead_items) < max(1, self.pool.workers):
+            item = next(self.items, None)
+            if item is None:
+                self.source_done = True
+            else:
+                self.ahead_items.append(item)
+
     def _next(self) -> Item | None:
-        """The next item; one is read ahead so that the last ones are known as such."""
-        item, self.peeked = self.peeked, next(self.items, None)
+        """The next item; as many as there are workers are read ahead, so that the last ones are known."""
+        item = self.ahead_items.popleft() if self.ahead_items else None
+        self._refill()
         return item
 
     def _threads(self) -> int:
-        """Decoder threads for the file just taken: its share of the workers with nothing left to do.
+        """Decoder threads for the file just taken: its share of the cores that would otherwise idle.
 
-        While files remain, 1. When the last one is handed out, the workers that will get none
-        lend it their cores, so one long video does not decode on one core while the rest idle.
+        While more files remain than idle workers could take, 1. In a run's tail the idle workers'
+        cores (less those already lent) are shared among the files left, this one included, so a
+        few long videos do not decode on one core each while the rest idle.
         """
-        if self.peeked is not None:
+        if not self.source_done:
             return 1
-        return max(1, sum(1 for w in self.workers if w.task is None))  # the taker among them
+        idle = sum(1 for w in self.workers if w.task is None)  # the taker among them
+        lent = sum(w.threads - 1 for w in self.workers if w.task is not None)
+        return max(1, (idle - lent) // (len(self.ahead_items) + 1))
 
     def _collect(self, w: _Worker) -> None:
         try:

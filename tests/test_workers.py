@@ -65,6 +65,36 @@ def test_the_last_file_gets_the_idle_workers_cores(tmp_path):
     many = list(DecodePool(Options(), workers=3, timeout=30, fn=threads_given).map(
         items(tmp_path, [f"ok-{i}" for i in range(6)])))
     assert [d.width for d in many[:-1]] == [1] * 5 and 1 <= many[-1].width <= 3
+    two = list(DecodePool(Options(), workers=4, timeout=30, fn=threads_given).map(items(tmp_path, ["ok-0", "ok-1"])))
+    assert [d.width for d in two] == [2, 2]  # fewer files than workers: the idle cores shared, none lent twice
+
+
+def prepare_noting_threads(item: Item, options: Options) -> Decoded:
+    from gemma4enc import decode
+    from gemma4enc.workers import prepare
+
+    decoded = prepare(item, options)
+    decoded.video["decoder_threads"] = decode.THREADS
+    return decoded
+
+
+def test_a_tail_video_decoded_with_threads_gives_the_same_patches(tmp_path):
+    """Two long-GOP videos left for three workers: decoded with lent threads, the same patches as alone."""
+    from gemma4enc.decode import Sampling
+    from gemma4enc.demo import write_video
+
+    write_video(tmp_path / "a.mp4", frames=300, gop=250)
+    write_video(tmp_path / "b.mp4", frames=300, gop=250, codec="libx265")
+    files = [Item(str(tmp_path / n), "video", (tmp_path / n).stat().st_size, 0) for n in ("a.mp4", "b.mp4")]
+    options = Options(sampling=Sampling(frames=8))
+    pooled = list(DecodePool(options, workers=4, timeout=120, fn=prepare_noting_threads).map(files))
+    alone = list(DecodePool(options, workers=0, fn=prepare_noting_threads).map(files))
+    assert [d.video["decoder_threads"] for d in pooled] == [2, 2] and alone[0].video["decoder_threads"] == 1
+    for got, want in zip(pooled, alone):
+        assert got.status == want.status == "ok" and got.video["frame_indices"] == want.video["frame_indices"]
+        assert len(got.patches) == len(want.patches) == 8
+        for p, q in zip(got.patches, want.patches):
+            assert (p.pixels == q.pixels).all() and (p.positions == q.positions).all()
 
 
 def test_look_ahead_is_bounded(tmp_path):
