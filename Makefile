@@ -25,7 +25,7 @@ test:
 bench:
 	$(PY) -m gemma4enc bench --device cpu --layers 2 --items 12 --workload photos --workload video --workload mixed --json bench-out/bench.json
 
-# real-size media (generated once into ~/.cache/gemma4enc/bench-media/v1) or DIR=folder: decode per core, cores to feed, overlap
+# real-size media (generated once into ~/.cache/gemma4enc/bench-media/v<VERSION>) or DIR=folder: decode per core, cores to feed, overlap
 bench-e2e:
 	$(PY) -m gemma4enc bench --e2e $(DIR) --device cpu --layers 2 --json bench-out/e2e.json
 
