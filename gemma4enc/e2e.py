@@ -76,8 +76,10 @@ def items_of(files: list[str]):
     return out
 
 
-def decode_kind(kind: str, files: list[str], options, log) -> dict:
-    """One worker process decodes this kind's files: CPU per image / sampled frame, peak RSS, patches."""
+def decode_kind(kind: str, files: list[str], options, log) -> dict | None:
+    """One worker process decodes this kind's files: CPU per image / sampled frame, peak RSS, patches.
+
+    None when none of them decodes."""
     from .workers import DecodePool
 
     items = items_of(files)
@@ -85,20 +87,25 @@ def decode_kind(kind: str, files: list[str], options, log) -> dict:
         items = (items * MIN_IMAGES)[: max(MIN_IMAGES, len(items))]
     pool = DecodePool(options, workers=1, timeout=options.decode_timeout, fn=timed_prepare)
     cpu, frames, patches, peak, done, last = 0.0, 0, 0, 0, 0, time.monotonic()
+    failed: set[str] = set()
     for result in pool.map(items):
-        if isinstance(result, Decoded):  # the worker died or timed out
-            raise RuntimeError(f"{result.item.path}: {result.status}: {result.error}")
-        decoded, seconds, rss = result
-        if decoded.status != "ok":
-            raise RuntimeError(f"{decoded.item.path}: {decoded.status}: {decoded.error}")
+        decoded, seconds, rss = (result, 0.0, 0) if isinstance(result, Decoded) else result  # bare: worker died
+        if decoded.status != "ok":  # a user's folder may hold a bad file: it is left out, said once
+            if decoded.item.path not in failed:
+                log(f"  {kind}: left out {decoded.item.path}: {decoded.status}: {decoded.error}")
+            failed.add(decoded.item.path)
+            continue
         cpu, peak, done = cpu + seconds, max(peak, rss), done + 1
         frames, patches = frames + len(decoded.patches), patches + sum(p.n for p in decoded.patches)
         if time.monotonic() - last > PROGRESS_S:
             last = time.monotonic()
             log(f"  {kind}: {done}/{len(items)} files, {1e3 * cpu / done:.0f} ms CPU per file")
+    if not frames:
+        return None
     cpu = max(cpu, 1e-9)
-    return {"files": len(files), "decoded": done, "frames": frames, "patches": patches, "cpu_s": cpu,
-            "per_core": frames / cpu, "unit": "sampled frames/s/core" if benchmedia.is_video(kind) else "images/s/core",
+    return {"files": len(files) - len(failed), "left_out": sorted(failed), "decoded": done, "frames": frames,
+            "patches": patches, "cpu_s": cpu, "per_core": frames / cpu,
+            "unit": "sampled frames/s/core" if benchmedia.is_video(kind) else "images/s/core",
             "ms_cpu_per_frame": 1e3 * cpu / frames, "patches_per_core_s": patches / cpu,
             "peak_rss_per_worker_bytes": peak}
 
@@ -134,10 +141,14 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
     kinds = {}
     for kind, files in groups.items():
         log(f"decoding {kind}: {len(files)} file(s), one worker")
-        kinds[kind] = decode_kind(kind, files, options, log)
+        if (entry := decode_kind(kind, files, options, log)) is not None:
+            kinds[kind] = entry
+    if not kinds:
+        raise UsageError(f"{folder}: none of the sampled files decodes")
     tower = random_tower(size, layers, dev, dt)
     mode, max_patches = resolve_batching("auto", dev), default_patches(dev)
-    all_files = [f for files in groups.values() for f in files]
+    all_files = [f for kind, files in groups.items() if kind in kinds for f in files
+                 if f not in kinds[kind]["left_out"]]
     overlap = _overlap(tower, mode, max_patches, items_of(all_files), options, workers, repeats, dev, log)
     if tower_rate:
         tower_patches, tower_source = tower_rate * image_tokens * 9, f"given: {tower_rate:g} photos/s"

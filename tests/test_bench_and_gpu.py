@@ -59,9 +59,13 @@ def test_e2e_bench_samples_a_folder_by_kind(tmp_path, photos):
         image.save(tmp_path / f"p{i}.jpg")
     photos[3].save(tmp_path / "s.png")
     (tmp_path / "notes.txt").write_text("not media")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)  # a bad file is left out, said
+    lines = []
     report = e2e(size="e2b", layers=1, device="cpu", count=2, workers=1, repeats=1, folder=tmp_path, image_tokens=70,
-                 log=lambda s: None)
+                 log=lines.append)
     assert {k: v["files"] for k, v in report["kinds"].items()} == {"image-jpg": 2, "image-png": 1}
+    assert report["kinds"]["image-png"]["left_out"] == [str(tmp_path / "broken.png")]
+    assert sum("left out" in line and "broken.png" in line for line in lines) == 1
     assert report["files"] == 3 and report["source"] == str(tmp_path)
 
 
