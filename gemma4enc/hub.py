@@ -136,41 +136,56 @@ class Hub:
         return http_stream_backoff("GET", self.url(filename), headers=headers, retry_on_exceptions=(),
                                    timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
 
-    def ranged(self, filename: str, start: int, end: int) -> tuple[bytes, int | None]:
-        """bytes [start, end) and the file's size (None when the server sent the whole file: then
-        the bytes are read from the start as far as `end` and the rest is not read)."""
+    def header(self, filename: str) -> tuple[bytes, int | None]:
+        """The file's 8-byte length + JSON header, and its size. Two Range requests; where the
+        server sends the whole file instead (200), one stream read as far as the header's end."""
         from huggingface_hub.utils import hf_raise_for_status
 
-        with self.stream(filename, start, end) as response:
+        with self.stream(filename, 0, 8) as response:
             hf_raise_for_status(response)
-            if response.status_code == 206:
-                data = response.read()
-                self.served += len(data)
-                total = response.headers.get("Content-Range", "").rpartition("/")[2]
-                return data[: end - start], int(total) if total.isdigit() else None
-            data = bytearray()
-            for chunk in response.iter_bytes():
-                data += chunk
-                if len(data) >= end:
-                    break
-            self.served += len(data)
-            return bytes(data[start:end]), None
+            if response.status_code != 206:
+                return self._head_of(response), None
+            first = response.read()[:8]
+            total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        self.served += len(first)
+        size = int(total) if total.isdigit() else None
+        n = _header_length(self.repo_id, filename, first)
+        with self.stream(filename, 8, 8 + n) as response:
+            hf_raise_for_status(response)
+            if response.status_code != 206:
+                return self._head_of(response), None
+            rest = response.read()
+        self.served += len(rest)
+        return first + rest[:n], size
+
+    def _head_of(self, response) -> bytes:
+        data = bytearray()
+        for chunk in response.iter_bytes():
+            data += chunk
+            if len(data) >= 8 and len(data) >= 8 + _header_length(self.repo_id, "", bytes(data[:8])):
+                break  # the rest is not read
+        self.served += len(data)
+        return bytes(data)
+
+
+def _header_length(repo_id: str, filename: str, first: bytes) -> int:
+    if len(first) < 8:
+        raise UsageError(f"{repo_id}: {filename} is too short to be a safetensors file")
+    (n,) = struct.unpack("<Q", first[:8])
+    if n > MAX_HEADER:
+        raise UsageError(f"{repo_id}: {filename} is not a safetensors file (header of {n:,} bytes)")
+    return n
 
 
 def _header(hub: Hub, filename: str) -> tuple[dict, int, int | None, bool]:
     """A safetensors file's header → (entries, where its data starts, file size, Range honoured)."""
-    first, size = hub.ranged(filename, 0, 8)
-    if len(first) < 8:
-        raise UsageError(f"{hub.repo_id}: {filename} is too short to be a safetensors file")
-    (n,) = struct.unpack("<Q", first)
-    if n > MAX_HEADER:
-        raise UsageError(f"{hub.repo_id}: {filename} is not a safetensors file (header of {n:,} bytes)")
-    raw, size2 = hub.ranged(filename, 8, 8 + n)
+    raw, size = hub.header(filename)
+    n = _header_length(hub.repo_id, filename, raw)
     try:
-        entries = json.loads(raw)
+        entries = json.loads(raw[8: 8 + n])
     except ValueError as e:
         raise UsageError(f"{hub.repo_id}: {filename}: unreadable safetensors header ({e})") from None
-    return entries, 8 + n, size if size is not None else size2, size is not None and size2 is not None
+    return entries, 8 + n, size, size is not None
 
 
 def _check(filename: str, key: str, entry: dict, data_start: int, size: int | None) -> tuple[int, int]:

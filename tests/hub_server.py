@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import struct
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,7 +36,7 @@ class HubServer:
         self.served: Counter = Counter()  # file name → body bytes sent
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range)
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd = _Quiet(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -62,6 +63,11 @@ class HubServer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class _Quiet(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):  # a client that hangs up early is not an error here
+        pass
 
 
 def _handler(hub: HubServer):
@@ -178,3 +184,23 @@ def build_checkpoint(folder: Path, seed: int = 0, shard_size: str = "1MB"):
     demo.randomize_(model, seed)
     model.save_pretrained(folder, max_shard_size=shard_size)
     return model
+
+
+def headers_and_vision(folder: Path) -> tuple[int, int, dict]:
+    """Of the files holding vision tensors: their headers' bytes, their vision bytes, the tensors."""
+    from safetensors import safe_open
+
+    from gemma4enc.hub import is_vision
+
+    header_bytes = vision_bytes = 0
+    tensors = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            keys = [k for k in f.keys() if is_vision(k)]
+            for key in keys:
+                tensors[key] = f.get_tensor(key)
+        if keys:
+            with open(path, "rb") as raw:
+                header_bytes += 8 + struct.unpack("<Q", raw.read(8))[0]
+            vision_bytes += sum(t.numel() * t.element_size() for k, t in tensors.items() if k in keys)
+    return header_bytes, vision_bytes, tensors

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import struct
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from gemma4enc.errors import UsageError
 from gemma4enc.model import find_checkpoint
 
 from .conftest import photo
-from .hub_server import HubServer, build_checkpoint
+from .hub_server import HubServer, build_checkpoint, headers_and_vision
 from .test_cli import BASE, encode
 
 REPO = "acme/tiny-gemma4"
@@ -68,21 +67,6 @@ def go_offline(monkeypatch, on: bool) -> None:
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1" if on else "0")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", on)
-
-
-def headers_and_vision(folder: Path) -> tuple[int, int, dict[str, torch.Tensor]]:
-    """Of the files holding vision tensors: their headers' bytes, their vision bytes, the tensors."""
-    header_bytes = vision_bytes = 0
-    tensors = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            keys = [k for k in f.keys() if hub_mod.is_vision(k)]
-            for key in keys:
-                tensors[key] = f.get_tensor(key)
-        if keys:
-            header_bytes += 8 + struct.unpack("<Q", path.read_bytes()[:8])[0]
-            vision_bytes += sum(t.numel() * t.element_size() for k, t in tensors.items() if k in keys)
-    return header_bytes, vision_bytes, tensors
 
 
 def fetched_tensors(folder: Path) -> dict[str, torch.Tensor]:
