@@ -136,15 +136,15 @@ class Hub:
         return http_stream_backoff("GET", self.url(filename), headers=headers, retry_on_exceptions=(),
                                    timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
 
-    def header(self, filename: str) -> tuple[bytes, int | None]:
-        """The file's 8-byte length + JSON header, and its size. Two Range requests; where the
+    def header(self, filename: str) -> tuple[bytes, int | None, bool]:
+        """The file's 8-byte length + JSON header, its size, and whether Range was honoured. Two Range requests; where the
         server sends the whole file instead (200), one stream read as far as the header's end."""
         from huggingface_hub.utils import hf_raise_for_status
 
         with self.stream(filename, 0, 8) as response:
             hf_raise_for_status(response)
             if response.status_code != 206:
-                return self._head_of(response), None
+                return self._head_of(response), _length(response), False
             first = response.read()[:8]
             total = response.headers.get("Content-Range", "").rpartition("/")[2]
         self.served += len(first)
@@ -153,10 +153,10 @@ class Hub:
         with self.stream(filename, 8, 8 + n) as response:
             hf_raise_for_status(response)
             if response.status_code != 206:
-                return self._head_of(response), None
+                return self._head_of(response), _length(response), False
             rest = response.read()
         self.served += len(rest)
-        return first + rest[:n], size
+        return first + rest[:n], size, True
 
     def _head_of(self, response) -> bytes:
         data = bytearray()
@@ -166,6 +166,11 @@ class Hub:
                 break  # the rest is not read
         self.served += len(data)
         return bytes(data)
+
+
+def _length(response) -> int | None:
+    length = response.headers.get("Content-Length", "")
+    return int(length) if length.isdigit() else None
 
 
 def _header_length(repo_id: str, filename: str, first: bytes) -> int:
@@ -179,13 +184,13 @@ def _header_length(repo_id: str, filename: str, first: bytes) -> int:
 
 def _header(hub: Hub, filename: str) -> tuple[dict, int, int | None, bool]:
     """A safetensors file's header → (entries, where its data starts, file size, Range honoured)."""
-    raw, size = hub.header(filename)
+    raw, size, ranged = hub.header(filename)
     n = _header_length(hub.repo_id, filename, raw)
     try:
         entries = json.loads(raw[8: 8 + n])
     except ValueError as e:
         raise UsageError(f"{hub.repo_id}: {filename}: unreadable safetensors header ({e})") from None
-    return entries, 8 + n, size, size is not None
+    return entries, 8 + n, size, ranged
 
 
 def _check(filename: str, key: str, entry: dict, data_start: int, size: int | None) -> tuple[int, int]:
@@ -306,9 +311,10 @@ def _pull(hub: Hub, out, plan: Plan, progress: Progress, filename: str) -> None:
     for i, r in todo:
         with hub.stream(filename, r.start + progress.done[i], r.end) as response:
             hf_raise_for_status(response)
-            if response.status_code != 206:
-                raise UsageError(f"{hub.repo_id}: {filename}: the server stopped honouring Range requests")
             pos = r.start + progress.done[i]
+            if response.status_code != 206 or not response.headers.get("Content-Range", "").startswith(f"bytes {pos}-"):
+                raise UsageError(f"{hub.repo_id}: {filename}: the server answered a Range request for byte {pos:,} "
+                                 f"with {response.status_code} {response.headers.get('Content-Range', '')}".rstrip())
             for chunk in response.iter_bytes():
                 hub.served += len(chunk)
                 _write(out, r, i, pos, chunk, progress)
@@ -344,8 +350,19 @@ def _weights(hub: Hub, folder: Path, plan: Plan) -> None:
                              "run again to resume")
         out.flush()
         os.fsync(out.fileno())
+    _verify(part, plan)
     os.replace(part, folder / SINGLE)
     progress.path.unlink(missing_ok=True)
+
+
+def _verify(part: Path, plan: Plan) -> None:
+    """The file we wrote reads back as safetensors holding the planned tensors, at their sizes."""
+    from safetensors import safe_open
+
+    with safe_open(str(part), framework="numpy") as f:
+        keys = list(f.keys())
+    if len(keys) != plan.tensors or part.stat().st_size != len(plan.header) + plan.vision_bytes:
+        raise UsageError(f"{part}: the written file does not match its plan; remove it and run again")
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -493,14 +510,16 @@ def fetch(repo_id: str, revision: str | None = None, log: Log = say) -> dict:
         return {"repo": repo_id, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}
     try:
         commit, names = _resolve(repo_id, revision)
-        if (revision or "main") != commit:
+        done = repo_folder(repo_id) / commit / DONE
+        if done.is_file():
+            record = {**json.loads(done.read_text()), "bytes_fetched": 0, "cached": True}
+        elif snapshot := _snapshot(repo_id, commit, local_only=True):  # a full one the user already has
+            record = {"repo": repo_id, "commit": commit, "folder": str(snapshot[0]), "bytes_fetched": 0, "cached": True}
+        else:
+            record = {**download(repo_id, commit, names, log), "cached": False}
+        if (revision or "main") != commit:  # only now: offline, the name keeps pointing at a finished folder
             _remember(repo_id, revision or "main", commit)
-        if (repo_folder(repo_id) / commit / DONE).is_file():
-            return {**json.loads((repo_folder(repo_id) / commit / DONE).read_text()), "bytes_fetched": 0, "cached": True}
-        snapshot = _snapshot(repo_id, commit, local_only=True)  # a full one the user already has: no download
-        if snapshot:
-            return {"repo": repo_id, "commit": commit, "folder": str(snapshot[0]), "bytes_fetched": 0, "cached": True}
-        return {**download(repo_id, commit, names, log), "cached": False}
+        return record
     except (httpx2.TransportError, OfflineModeIsEnabled):
         root, commit = _local(repo_id, revision, "the hub could not be reached")
         return {"repo": repo_id, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}

@@ -205,3 +205,16 @@ def test_fetch_prints_what_it_fetched_and_where(serve):
     assert "skipped (no vision tensor): model-0000" in result.stdout
     assert f"folder: {hub_mod.repo_folder(REPO) / COMMIT}" in result.stdout
     assert RUN.invoke(app, ["fetch", "./here"]).exit_code == 2
+
+
+def test_a_header_whose_sizes_do_not_add_up_is_refused(serve, sharded, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_bytes((sharded / "config.json").read_bytes())
+    header = json.dumps({"model.vision_tower.x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode()
+    (bad / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    with serve() as server:
+        server.add("acme/bad", bad, COMMIT2)
+        result = RUN.invoke(app, ["fetch", "acme/bad"])
+    assert result.exit_code == 2 and "model.vision_tower.x: 8 bytes for F32 [4]" in result.stderr, result.output
+    assert not (hub_mod.repo_folder("acme/bad") / COMMIT2 / "fetch.json").exists()
