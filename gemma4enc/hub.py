@@ -20,6 +20,7 @@ import json
 import math
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -34,6 +35,7 @@ SMALL = ("config.json", "preprocessor_config.json", "processor_config.json")  # 
 SMALL_LIMIT = 4 << 20  # bytes: a "small" config larger than this is skipped, not copied
 GAP = 64 << 10  # bytes: ranges this close are one request (the gap is read and dropped)
 SAVE_EVERY = 16 << 20  # bytes: progress is recorded this often, so a killed run loses at most this much
+PROGRESS_SECONDS = 10  # a progress line at most this often while a large fetch runs
 RETRIES = 3  # a cut range is asked again for its rest this many times before the run gives up
 MAX_HEADER = 100 << 20  # bytes: safetensors' own limit on a header
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
@@ -246,8 +248,8 @@ def plan(hub: Hub, files: list[str], skipped: list[str], metadata: dict) -> Plan
 class Progress:
     """How many bytes of each request are in the .part file, saved beside it as JSON."""
 
-    def __init__(self, part: Path, plan: Plan):
-        self.path, self.plan = part.with_name(part.name + ".json"), plan
+    def __init__(self, part: Path, plan: Plan, log: Log):
+        self.path, self.plan, self.log = part.with_name(part.name + ".json"), plan, log
         self.done = [0] * len(plan.requests)
         try:
             saved = json.loads(self.path.read_text())
@@ -255,7 +257,10 @@ class Progress:
                 self.done = [min(int(d), r.end - r.start) for d, r in zip(saved["done"], plan.requests)]
         except (OSError, ValueError, KeyError, TypeError):
             pass  # nothing usable: start over
-        self.unsaved = 0
+        self.unsaved, self.said = 0, time.monotonic()
+        if any(self.done):
+            log(f"resuming an earlier fetch: {plan.vision_bytes - self.missing:,} of {plan.vision_bytes:,} bytes "
+                "already here")
 
     def add(self, i: int, n: int) -> None:
         self.done[i] += n
@@ -268,6 +273,9 @@ class Progress:
         tmp.write_text(json.dumps({"plan": self.plan.key, "done": self.done}))
         os.replace(tmp, self.path)
         self.unsaved = 0
+        if time.monotonic() - self.said >= PROGRESS_SECONDS and self.missing:
+            self.said = time.monotonic()
+            self.log(f"fetched {self.plan.vision_bytes - self.missing:,} of {self.plan.vision_bytes:,} vision bytes")
 
     @property
     def missing(self) -> int:
@@ -326,7 +334,7 @@ def _weights(hub: Hub, folder: Path, plan: Plan) -> None:
     import httpx2
 
     part = folder / (SINGLE + ".part")
-    progress = Progress(part, plan)
+    progress = Progress(part, plan, hub.log)
     if plan.unranged:
         hub.log(f"the hub server ignores Range requests: streaming {', '.join(sorted(plan.unranged))} from the start "
                 "and keeping only the vision bytes")

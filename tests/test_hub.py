@@ -144,7 +144,9 @@ def test_a_run_that_gives_up_is_resumed_by_the_next(serve, sharded, monkeypatch)
         folder = hub_mod.repo_folder(REPO) / COMMIT
         assert (folder / "model.safetensors.part").is_file() and not (folder / "model.safetensors").exists()
         first = server.weight_bytes()
-        hub_mod.fetch(REPO, log=lambda m: None)
+        lines = []
+        hub_mod.fetch(REPO, log=lines.append)
+        assert any(line.startswith("resuming an earlier fetch: ") for line in lines), lines
         assert first < server.weight_bytes() <= (vision_bytes + 2 * header_bytes) * 1.05  # headers read twice
     assert not (folder / "model.safetensors.part").exists()
     assert_same(fetched_tensors(folder), original)
@@ -218,3 +220,30 @@ def test_a_header_whose_sizes_do_not_add_up_is_refused(serve, sharded, tmp_path)
         result = RUN.invoke(app, ["fetch", "acme/bad"])
     assert result.exit_code == 2 and "model.vision_tower.x: 8 bytes for F32 [4]" in result.stderr, result.output
     assert not (hub_mod.repo_folder("acme/bad") / COMMIT2 / "fetch.json").exists()
+
+
+def test_hf_endpoint_in_the_environment_is_what_a_fresh_process_uses(serve, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    with serve() as server:
+        env = os.environ | {"HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "0"}
+        env.pop("GEMMA4ENC_CACHE")  # the default: beside huggingface_hub's cache
+        result = subprocess.run([sys.executable, "-m", "gemma4enc", "fetch", REPO, "--json"], env=env,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        assert server.weight_bytes() > 0
+    report = json.loads(result.stdout)
+    assert report["folder"] == str(tmp_path / "home" / "gemma4enc" / "vision" / "acme--tiny-gemma4" / COMMIT)
+    assert f"fetching {report['tensors']} vision tensors" in result.stderr
+
+
+def test_a_host_that_does_not_resolve_falls_back_to_the_vision_cache(serve, monkeypatch):
+    from huggingface_hub import constants
+
+    with serve():
+        hub_mod.fetch(REPO, log=lambda m: None)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://nonexistent.invalid")
+    ckpt = find_checkpoint(REPO)
+    assert ckpt.revision == COMMIT and (ckpt.root / "model.safetensors").is_file()
