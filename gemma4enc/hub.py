@@ -400,7 +400,7 @@ def download(repo_id: str, commit: str, names: set[str], log: Log) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
         if (folder / DONE).is_file():  # another process finished it while we waited
-            return json.loads((folder / DONE).read_text())
+            return _found(repo_id, folder, commit)
         hub = Hub(repo_id, commit, log)
         small = [f for f in SMALL if f in names]
         for filename in small:
@@ -504,33 +504,37 @@ def _local(repo_id: str, revision: str | None, why: str) -> tuple[Path, str | No
     )
 
 
+def _found(repo_id: str, root: Path, commit: str | None) -> dict:
+    """The record of a fetch that found everything here already."""
+    record = json.loads((root / DONE).read_text()) if (root / DONE).is_file() else {"repo": repo_id}
+    # the folder where it is now: a cache copied to another machine or path has moved
+    return {**record, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}
+
+
 def fetch(repo_id: str, revision: str | None = None, log: Log = say) -> dict:
     """A hub id → a local vision-only checkpoint folder; → what was done (folder, commit, bytes…)."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
     import httpx2
 
     if offline():
-        root, commit = _local(repo_id, revision, "HF_HUB_OFFLINE is set")
-        return {"repo": repo_id, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}
+        return _found(repo_id, *_local(repo_id, revision, "HF_HUB_OFFLINE is set"))
     if not _resolves():  # the cache only, at once: not ~23 s of retries
-        root, commit = _local(repo_id, revision, f"{_host()} cannot be resolved (offline? set HF_HUB_OFFLINE=1 to "
-                                                 "skip the hub)")
-        return {"repo": repo_id, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}
+        why = f"{_host()} cannot be resolved (offline? set HF_HUB_OFFLINE=1 to skip the hub)"
+        return _found(repo_id, *_local(repo_id, revision, why))
     try:
         commit, names = _resolve(repo_id, revision)
-        done = repo_folder(repo_id) / commit / DONE
-        if done.is_file():
-            record = {**json.loads(done.read_text()), "bytes_fetched": 0, "cached": True}
+        folder = repo_folder(repo_id) / commit
+        if (folder / DONE).is_file():
+            record = _found(repo_id, folder, commit)
         elif snapshot := _snapshot(repo_id, commit, local_only=True):  # a full one the user already has
-            record = {"repo": repo_id, "commit": commit, "folder": str(snapshot[0]), "bytes_fetched": 0, "cached": True}
+            record = _found(repo_id, snapshot[0], commit)
         else:
             record = {**download(repo_id, commit, names, log), "cached": False}
         if (revision or "main") != commit:  # only now: offline, the name keeps pointing at a finished folder
             _remember(repo_id, revision or "main", commit)
         return record
     except (httpx2.TransportError, OfflineModeIsEnabled):
-        root, commit = _local(repo_id, revision, "the hub could not be reached")
-        return {"repo": repo_id, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}
+        return _found(repo_id, *_local(repo_id, revision, "the hub could not be reached"))
     except HfHubHTTPError as e:
         raise UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 

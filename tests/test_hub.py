@@ -247,3 +247,18 @@ def test_a_host_that_does_not_resolve_falls_back_to_the_vision_cache(serve, monk
     monkeypatch.setattr(constants, "ENDPOINT", "http://nonexistent.invalid")
     ckpt = find_checkpoint(REPO)
     assert ckpt.revision == COMMIT and (ckpt.root / "model.safetensors").is_file()
+
+
+def test_a_cache_copied_elsewhere_is_used_where_it_is_now(serve, monkeypatch, tmp_path):
+    import shutil
+
+    with serve() as server:
+        hub_mod.fetch(REPO, log=lambda m: None)
+        shutil.move(tmp_path / "cache", tmp_path / "moved")
+        monkeypatch.setenv("GEMMA4ENC_CACHE", str(tmp_path / "moved"))
+        server.reset()
+        online = hub_mod.fetch(REPO, log=lambda m: None)
+        assert online["cached"] and server.weight_bytes() == 0
+    go_offline(monkeypatch, True)
+    want = tmp_path / "moved" / "acme--tiny-gemma4" / COMMIT
+    assert Path(online["folder"]) == want and find_checkpoint(REPO).root == want
