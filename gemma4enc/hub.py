@@ -127,6 +127,15 @@ class Hub:
         self.served += len(response.content)
         return response.content
 
+    def optional(self, filename: str) -> bytes | None:
+        """A file that may not exist: None for a 404."""
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            return self.get(filename)
+        except EntryNotFoundError:
+            return None
+
     def stream(self, filename: str, start: int = 0, end: int | None = None):
         """A context manager: the response to a GET of bytes [start, end) (206), or of the whole
         file (200) where the server ignores Range."""
@@ -320,7 +329,8 @@ def _pull(hub: Hub, out, plan: Plan, progress: Progress, filename: str) -> None:
         with hub.stream(filename, r.start + progress.done[i], r.end) as response:
             hf_raise_for_status(response)
             pos = r.start + progress.done[i]
-            if response.status_code != 206 or not response.headers.get("Content-Range", "").startswith(f"bytes {pos}-"):
+            said = response.headers.get("Content-Range")
+            if response.status_code != 206 or (said is not None and not said.startswith(f"bytes {pos}-")):
                 raise UsageError(f"{hub.repo_id}: {filename}: the server answered a Range request for byte {pos:,} "
                                  f"with {response.status_code} {response.headers.get('Content-Range', '')}".rstrip())
             for chunk in response.iter_bytes():
@@ -379,20 +389,23 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _weight_files(hub: Hub, names: set[str]) -> tuple[list[str], list[str], dict | None]:
-    """→ (the weight files holding a vision tensor, those skipped, the index)."""
-    if INDEX in names:
-        index = json.loads(hub.get(INDEX))
-        weight_map = index["weight_map"]
-        shards = list(dict.fromkeys(sorted(weight_map.values())))
-        files = [f for f in shards if any(is_vision(k) for k, v in weight_map.items() if v == f)]
-        return files, [f for f in shards if f not in files], index
-    if SINGLE in names:
+def _weight_files(hub: Hub, names: set[str] | None) -> tuple[list[str], list[str], dict | None]:
+    """→ (the weight files holding a vision tensor, those skipped, the index). `names` None: the
+    file list is not known, so the index is asked for and its absence means one file."""
+    if names is None or INDEX in names:
+        raw = hub.optional(INDEX)
+        if raw is not None:
+            index = json.loads(raw)
+            weight_map = index["weight_map"]
+            shards = list(dict.fromkeys(sorted(weight_map.values())))
+            files = [f for f in shards if any(is_vision(k) for k, v in weight_map.items() if v == f)]
+            return files, [f for f in shards if f not in files], index
+    if names is None or SINGLE in names:
         return [SINGLE], [], None
     raise UsageError(f"{hub.repo_id}: no {SINGLE} or {INDEX} at commit {hub.commit}")
 
 
-def download(repo_id: str, commit: str, names: set[str], log: Log) -> dict:
+def download(repo_id: str, commit: str, names: set[str] | None, log: Log) -> dict:
     """Fetch config + vision bytes at `commit` into the cache; → the record written to fetch.json."""
     from filelock import FileLock
 
@@ -402,11 +415,15 @@ def download(repo_id: str, commit: str, names: set[str], log: Log) -> dict:
         if (folder / DONE).is_file():  # another process finished it while we waited
             return _found(repo_id, folder, commit)
         hub = Hub(repo_id, commit, log)
-        small = [f for f in SMALL if f in names]
-        for filename in small:
-            data = hub.get(filename)
-            if len(data) <= SMALL_LIMIT:
+        small = []
+        for filename in SMALL:
+            if names is None:  # not known: config.json must be there, the others may be
+                data = hub.get(filename) if filename == "config.json" else hub.optional(filename)
+            else:
+                data = hub.get(filename) if filename in names else None
+            if data is not None and len(data) <= SMALL_LIMIT:
                 _atomic_write(folder / filename, data)
+                small.append(filename)
         files, skipped, _ = _weight_files(hub, names)
         the_plan = plan(hub, files, skipped, {"format": "pt", "repo": repo_id, "commit": commit})
         log(f"{repo_id}@{commit[:12]}: fetching {the_plan.tensors} vision tensors ({the_plan.vision_bytes:,} bytes "
@@ -458,14 +475,25 @@ def _snapshot(repo_id: str, revision: str | None, local_only: bool) -> tuple[Pat
     return config.parent, config.parent.name if config.parent.parent.name == "snapshots" else None
 
 
-def _resolve(repo_id: str, revision: str | None) -> tuple[str, set[str]]:
-    """revision → (commit, the repo's file names), through HfApi (one small API call)."""
-    from huggingface_hub import HfApi
+def _resolve(repo_id: str, revision: str | None) -> tuple[str, set[str] | None]:
+    """revision → (commit, the repo's file names or None where unknown): through HfApi's model
+    info (one small API call); where that endpoint is not served (a mirror that only serves
+    files), from the X-Repo-Commit of a HEAD on config.json, as hf_hub_download learns it."""
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
 
-    info = HfApi().model_info(repo_id, revision=revision)
-    if not info.sha:
+    try:
+        info = HfApi().model_info(repo_id, revision=revision)
+        if info.sha:
+            return info.sha, {s.rfilename for s in info.siblings} if info.siblings else None
+    except GatedRepoError:
+        raise
+    except HfHubHTTPError:
+        pass  # the files' own answers say whether the repo and the revision exist
+    meta = get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision), retry_on_errors=True)
+    if not meta.commit_hash:
         raise UsageError(f"{repo_id}: the hub did not say which commit {revision or 'main'} is")
-    return info.sha, {s.rfilename for s in info.siblings or []}
+    return meta.commit_hash, None
 
 
 def _host() -> str:

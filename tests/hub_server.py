@@ -28,8 +28,9 @@ RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 class HubServer:
     """repos: repo id → {"refs": {name: commit}, "commits": {commit: {file: bytes}}}."""
 
-    def __init__(self, ranges: bool = True):
+    def __init__(self, ranges: bool = True, api: bool = True):
         self.repos: dict[str, dict] = {}
+        self.api = api  # off: /api/models/... is a bare 404, as on a mirror that only serves files
         self.gated: set[str] = set()
         self.ranges = ranges
         self.cut_after: int | None = None  # the next ranged weight GET closes after this many body bytes (once)
@@ -108,6 +109,8 @@ def _handler(hub: HubServer):
             path = unquote(urlsplit(self.path).path)
             with hub.lock:
                 hub.requests.append((self.command, path, self.headers.get("Range")))
+            if not hub.api and path.startswith("/api/"):
+                return self._error(404, "NotFound")
             if m := API.match(path):
                 commit, files = self._commit(m.group(1), m.group(2))
                 if files is not None:

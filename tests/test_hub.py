@@ -47,8 +47,8 @@ def serve(tmp_path, monkeypatch, sharded):
     from huggingface_hub import constants
 
     @contextmanager
-    def start(ranges: bool = True):
-        with HubServer(ranges=ranges) as server:
+    def start(ranges: bool = True, api: bool = True):
+        with HubServer(ranges=ranges, api=api) as server:
             server.add(REPO, sharded, COMMIT)
             monkeypatch.setenv("HF_ENDPOINT", server.url)
             monkeypatch.setattr(constants, "ENDPOINT", server.url)
@@ -262,3 +262,13 @@ def test_a_cache_copied_elsewhere_is_used_where_it_is_now(serve, monkeypatch, tm
     go_offline(monkeypatch, True)
     want = tmp_path / "moved" / "acme--tiny-gemma4" / COMMIT
     assert Path(online["folder"]) == want and find_checkpoint(REPO).root == want
+
+
+def test_a_hub_without_the_model_api_is_resolved_from_the_files(serve, sharded):
+    header_bytes, vision_bytes, original = headers_and_vision(sharded)
+    with serve(api=False) as server:
+        report = hub_mod.fetch(REPO, log=lambda m: None)
+        assert report["commit"] == COMMIT and server.weight_bytes() <= (vision_bytes + header_bytes) * 1.05
+        missing = RUN.invoke(app, ["fetch", "acme/missing"])
+    assert_same(fetched_tensors(Path(report["folder"])), original)
+    assert missing.exit_code == 2 and "RepositoryNotFoundError" in missing.stderr, missing.output
