@@ -148,8 +148,9 @@ class Hub:
                                    timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
 
     def header(self, filename: str) -> tuple[bytes, int | None, bool]:
-        """The file's 8-byte length + JSON header, its size, and whether Range was honoured. Two Range requests; where the
-        server sends the whole file instead (200), one stream read as far as the header's end."""
+        """The file's 8-byte length + JSON header, its size, and whether Range was honoured: two
+        Range requests; where the server sends the whole file instead (200), one stream read as
+        far as the header's end."""
         from huggingface_hub.utils import hf_raise_for_status
 
         with self.stream(filename, 0, 8) as response:
