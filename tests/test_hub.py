@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from typer.testing import CliRunner
 
 import gemma4enc
 from gemma4enc import hub as hub_mod
@@ -18,13 +17,11 @@ from gemma4enc.cli import app
 from gemma4enc.errors import UsageError
 from gemma4enc.model import find_checkpoint
 
-from .conftest import photo
+from .helpers import BASE, RUN, encode, photo
 from .hub_server import HubServer, build_checkpoint, headers_and_vision
-from .test_cli import BASE, encode
 
 REPO = "acme/tiny-gemma4"
 COMMIT, COMMIT2 = "1" * 40, "2" * 40
-RUN = CliRunner()
 
 
 @pytest.fixture(scope="module")
