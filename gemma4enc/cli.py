@@ -48,7 +48,7 @@ def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, call
 
 Roots = Annotated[list[str], typer.Argument(help="Folders or files to encode (walked recursively).")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Output folder for shards and manifest.")]
-Model = Annotated[str, typer.Option(help="Checkpoint folder (HF layout) or hub id in the HF cache.")]
+Model = Annotated[str, typer.Option(help="Checkpoint folder (HF layout) or hub id (only its vision tensors are fetched, into a cache: see fetch).")]
 Dtype = Annotated[str, typer.Option(help="Tower dtype: auto (bfloat16 on CUDA and on CPUs with AMX, else float32), float32, bfloat16, float16.")]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
 ImageTokens = Annotated[int, typer.Option("--max-soft-tokens", help="Soft tokens per image: 70, 140, 280, 560 or 1120.")]
@@ -491,6 +491,32 @@ def bench(
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2))
+
+
+@command()
+def fetch(
+    model: Annotated[str, typer.Argument(help="Hub id (org/name).")],
+    revision: Annotated[Optional[str], typer.Option(help="Branch, tag or commit (default: main).")] = None,
+    json_out: Json = False,
+):
+    """Fetch a hub checkpoint's config and vision tensors only (HTTP range requests) into the cache, so
+    that encode --model MODEL runs offline (HF_HUB_OFFLINE=1) here or wherever the cache is copied."""
+    from .hub import fetch as fetch_vision
+
+    if model.count("/") != 1 or model.startswith((".", "/", "~")) or Path(model).expanduser().exists():
+        raise UsageError(f"{model}: not a hub id like 'org/name' (a local folder needs no fetch)")
+    report = fetch_vision(model, revision, log=lambda m: typer.echo(f"gemma4enc: {m}", err=True))
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    how = "already cached, nothing fetched" if report["cached"] else f"{report['bytes_fetched']:,} bytes fetched"
+    tensors = f"{report['tensors']} vision tensors, " if "tensors" in report else ""
+    typer.echo(f"{model}@{report['commit']}: {tensors}{how}")
+    if report.get("files_skipped"):
+        typer.echo(f"skipped (no vision tensor): {', '.join(report['files_skipped'])}")
+    if report.get("source_bytes"):
+        typer.echo(f"of {report['source_bytes']:,} bytes in {len(report['source_files'])} file(s) holding vision tensors")
+    typer.echo(f"folder: {report['folder']}")
 
 
 @command()

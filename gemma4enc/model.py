@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,56 +134,11 @@ def _vision_tensors(weight_map: dict[str, str], name: str) -> dict[str, dict[str
 
 
 def _hub_files(repo_id: str) -> tuple[Path, str | None]:
-    """Resolve a hub id through the HF cache: config and index first, then only vision shards."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+    """A hub id → a local folder: only the config and the vision tensors' bytes, fetched by range
+    requests into a cache keyed by commit (or a full snapshot already in the HF cache); hub.py."""
+    from .hub import hub_files
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    unresolvable = not offline and not _resolves()  # then the cache only, at once: not ~23 s of retries
-
-    def fetch(filename: str) -> Path:
-        return Path(hf_hub_download(repo_id, filename, local_files_only=unresolvable))
-
-    try:
-        config = fetch("config.json")
-        try:
-            index = fetch(INDEX)
-            files = sorted({f for k, f in json.loads(index.read_text())["weight_map"].items()
-                            if any(k.startswith(p + part) for p in PREFIXES for part in PARTS)})
-        except EntryNotFoundError:
-            files = [SINGLE]
-        for file in files:
-            fetch(file)
-    except LocalEntryNotFoundError:
-        how = ("HF_HUB_OFFLINE is set" if offline else f"{_host()} cannot be resolved (offline? set HF_HUB_OFFLINE=1 "
-               "to skip the hub)" if unresolvable else "the hub could not be reached")
-        raise UsageError(
-            f"{repo_id}: not in the Hugging Face cache and {how}; download it first "
-            f"(`hf download {repo_id}`) or pass a local checkpoint folder"
-        ) from None
-    except (RepositoryNotFoundError, EntryNotFoundError) as e:
-        raise UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    revision = config.parent.name if config.parent.parent.name == "snapshots" else None
-    return config.parent, revision
-
-
-def _host() -> str:
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    return urlparse(constants.ENDPOINT).hostname or ""
-
-
-def _resolves() -> bool:
-    """Whether the hub's host name resolves (a failed lookup is quick; huggingface_hub would retry it)."""
-    import socket
-
-    try:
-        socket.getaddrinfo(_host(), 443)
-    except (OSError, UnicodeError):
-        return False
-    return True
+    return hub_files(repo_id)
 
 
 def find_checkpoint(model: str) -> Checkpoint:
