@@ -31,6 +31,23 @@ def tiny_config(clipped: bool = True, standardize: bool = True, hidden: int = 32
     return Gemma4Config(text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None)
 
 
+def tiny_unified_config(embed: int = 32, text_hidden: int = 48):
+    """gemma4_unified (the 12B's architecture) with a tiny embedder and language model; the position
+    table keeps its real 1120 rows, so a one-cell sliver at the largest budget still fits."""
+    from transformers import Gemma4UnifiedConfig
+    from transformers.models.gemma4_unified.configuration_gemma4_unified import (
+        Gemma4UnifiedTextConfig,
+        Gemma4UnifiedVisionConfig,
+    )
+
+    text = Gemma4UnifiedTextConfig(
+        vocab_size=256, hidden_size=text_hidden, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, global_head_dim=16, layer_types=["sliding_attention", "full_attention"],
+    )
+    vision = Gemma4UnifiedVisionConfig(mm_embed_dim=embed, output_proj_dims=embed)
+    return Gemma4UnifiedConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None)
+
+
 def randomize_(model: torch.nn.Module, seed: int) -> None:
     """Random values everywhere a checkpoint has values, at scales that keep activations sane."""
     g = torch.Generator().manual_seed(seed)
@@ -56,12 +73,16 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
                 b.copy_(0.5 + torch.rand(b.shape, generator=g))
 
 
-def build(folder: Path, seed: int = 0, shard_size: str | None = None, **config_kw):
-    """Save a random Gemma4ForConditionalGeneration to `folder`; return the in-memory model."""
-    from transformers import Gemma4ForConditionalGeneration
+def build(folder: Path, seed: int = 0, shard_size: str | None = None, unified: bool = False, **config_kw):
+    """Save a random Gemma4ForConditionalGeneration (with `unified`, a Gemma4UnifiedForConditionalGeneration)
+    to `folder`; return the in-memory model."""
+    from transformers import Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration(tiny_config(**config_kw)).eval()
+    if unified:
+        model = Gemma4UnifiedForConditionalGeneration(tiny_unified_config(**config_kw)).eval()
+    else:
+        model = Gemma4ForConditionalGeneration(tiny_config(**config_kw)).eval()
     randomize_(model, seed)
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(folder, **kwargs)

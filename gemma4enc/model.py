@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
+from . import unified
 from .errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ PARTS = ("vision_tower.", "embed_vision.")
 PREFIXES = ("model.", "")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+# model_type → its transformers config; gemma4_unified (12B) has an encoder-free embedder instead of a ViT (unified.py)
+CONFIGS = {"gemma4": "Gemma4Config", "gemma4_unified": "Gemma4UnifiedConfig"}
 
 
 @dataclass(frozen=True)
@@ -98,15 +101,16 @@ def _read_config(root: Path, name: str):
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise UsageError(f"{name}: cannot read config.json ({e})") from None
-    if raw.get("model_type") != "gemma4":
+    if raw.get("model_type") not in CONFIGS:
         raise UsageError(
-            f"{name}: not a Gemma 4 checkpoint (model_type={raw.get('model_type')!r}, expected 'gemma4')"
+            f"{name}: not a Gemma 4 checkpoint (model_type={raw.get('model_type')!r}, "
+            f"expected {' or '.join(map(repr, CONFIGS))})"
         )
     if not raw.get("vision_config"):
         raise UsageError(f"{name}: this Gemma 4 checkpoint has no vision tower (no vision_config)")
-    from transformers import Gemma4Config
+    import transformers
 
-    return Gemma4Config.from_dict(raw)
+    return getattr(transformers, CONFIGS[raw["model_type"]]).from_dict(raw)
 
 
 def _weight_map(root: Path, name: str) -> dict[str, str]:
@@ -152,7 +156,8 @@ def find_checkpoint(model: str) -> Checkpoint:
     else:
         root, revision = _hub_files(model)
     config = _read_config(root, model)
-    tensors = _vision_tensors(_weight_map(root, model), model)
+    select = unified.vision_tensors if unified.is_unified(config) else _vision_tensors
+    tensors = select(_weight_map(root, model), model)
     return Checkpoint(name=model, root=root, config=config, tensors=tensors, revision=revision)
 
 
@@ -210,6 +215,8 @@ def load_tower(model: str, dtype: str = "float32", device: str = "auto"):
 
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     ckpt = find_checkpoint(model)
+    if unified.is_unified(ckpt.config):
+        return unified.load_tower(ckpt, torch_dtype, torch_device)
     vision, embed = load_modules(ckpt, torch_dtype, torch_device)
     return Tower(vision, embed, torch_device, torch_dtype, checkpoint=ckpt)
 
@@ -237,7 +244,7 @@ def open_tower(options: Options, device: str | None = None):
     tower = load_tower(options.model, dtype, device)
     if options.compile:
         tower.compile()
-    return tower, dtype, resolve_batching(options.batching, tower.device)
+    return tower, dtype, resolve_batching(options.batching, tower.device, tower.attention)
 
 
 def resolve_dtype(options: Options) -> str:

@@ -161,6 +161,8 @@ class Batch:
 class Tower:
     """The vision tower and projection of one checkpoint on one device."""
 
+    attention = True  # items are kept apart by the batching (stacks or per-item attention in packs)
+
     def __init__(self, vision, embed, device: torch.device, dtype: torch.dtype, checkpoint=None):
         self.vision, self.embed = vision, embed
         self.checkpoint = checkpoint  # model.Checkpoint it came from (name, revision), if any

@@ -43,6 +43,14 @@ def ckpt_sharded(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def ckpt_unified(tmp_path_factory):
+    """12B-like (gemma4_unified: an encoder-free embedder, no ViT), sharded with an index."""
+    folder = tmp_path_factory.mktemp("ckpt-unified")
+    demo.build(folder, seed=3, unified=True, shard_size="300KB")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def ref_sharded(ckpt_sharded):
     return reference(ckpt_sharded)
 
