@@ -60,11 +60,20 @@ def load_embedder(ckpt, dtype: torch.dtype, device: torch.device):
 
     with torch.device("meta"):
         embedder = Gemma4UnifiedVisionEmbedder(ckpt.config.vision_config, ckpt.config.text_config)
+    state = module_state(ckpt)
+    for what, keys in (("missing", embedder.state_dict().keys() - state), ("unexpected", state - embedder.state_dict().keys())):
+        if keys:
+            raise UsageError(f"{ckpt.name}: {what} vision_embedder tensor(s) {_few(sorted(keys))}")
     try:
-        embedder.load_state_dict(module_state(ckpt), strict=True, assign=True)
-    except RuntimeError as e:
-        raise UsageError(f"{ckpt.name}: vision_embedder tensors do not match the config: {str(e).splitlines()[0]}") from None
+        embedder.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:  # a shape that does not fit the config
+        reason = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))
+        raise UsageError(f"{ckpt.name}: vision_embedder tensors do not match the config: {reason}") from None
     return embedder.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" (… {len(names) - 3} more)" if len(names) > 3 else "")
 
 
 def merge(p: Patches) -> tuple[np.ndarray, np.ndarray]:
