@@ -27,6 +27,8 @@ SIZES = {  # released vision towers (hidden, layers, heads, head_dim, mlp, text 
                 intermediate_size=3072, use_clipped_linears=True, standardize=False, text=1536),
     "26b": dict(hidden_size=1152, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, head_dim=72,
                 intermediate_size=4304, use_clipped_linears=False, standardize=True, text=2816),
+    # gemma4_unified (google/gemma-4-12B-it): no ViT; its embedder is 3840 wide, as is its language model
+    "12b": dict(unified=True, num_hidden_layers=0, mm_embed_dim=3840, text=3840),
 }
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12}
 HF_BATCH = 8  # images per get_image_features call in the hf-padded baseline
@@ -38,6 +40,8 @@ def default_patches(dev: torch.device) -> int:
 
 
 def random_tower(size: str, layers: int | None, device: torch.device, dtype: torch.dtype) -> Tower:
+    if SIZES[size].get("unified"):
+        return random_unified(SIZES[size], device, dtype)  # no layers: `layers` does not apply
     from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
     from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
 
@@ -55,6 +59,27 @@ def random_tower(size: str, layers: int | None, device: torch.device, dtype: tor
     randomize_(vision, 0)
     randomize_(embed, 1)
     return Tower(*place(vision, embed, device, dtype), device, dtype)
+
+
+def random_unified(spec: dict, device: torch.device, dtype: torch.dtype):
+    from transformers.models.gemma4_unified.configuration_gemma4_unified import (
+        Gemma4UnifiedTextConfig,
+        Gemma4UnifiedVisionConfig,
+    )
+    from transformers.models.gemma4_unified.modeling_gemma4_unified import Gemma4UnifiedVisionEmbedder
+
+    from .demo import randomize_
+    from .unified import UnifiedTower
+
+    vcfg = Gemma4UnifiedVisionConfig(mm_embed_dim=spec["mm_embed_dim"], output_proj_dims=spec["mm_embed_dim"])
+    text = Gemma4UnifiedTextConfig(hidden_size=spec["text"], num_hidden_layers=1, vocab_size=8, layer_types=["full_attention"])
+    embedder = Gemma4UnifiedVisionEmbedder(vcfg, text).eval()
+    randomize_(embedder, 0)
+    return UnifiedTower(embedder.to(device=device, dtype=dtype).requires_grad_(False), device, dtype)
+
+
+def tower_layers(tower) -> int:
+    return tower.config.num_hidden_layers if tower.attention else 0
 
 
 def workload(name: str, count: int, seed: int = 0) -> list[Patches]:
@@ -109,6 +134,8 @@ def _rss() -> int:
 
 def hf_padded(tower: Tower, items: list[Patches], budget_patches: int) -> None:
     """The transformers way: pad every item to the budget, batches of HF_BATCH, masked attention."""
+    if not tower.attention:
+        return hf_padded_unified(tower, items, budget_patches)
     tower.config._attn_implementation = "sdpa"
     try:
         with tower.clips.stock():  # transformers' modules as they ship
@@ -129,6 +156,25 @@ def hf_padded(tower: Tower, items: list[Patches], budget_patches: int) -> None:
         tower.config._attn_implementation = ATTENTION
 
 
+def hf_padded_unified(tower, items: list[Patches], budget_patches: int) -> None:
+    """The transformers way for the unified model: cells padded to the budget, batches of HF_BATCH,
+    embed_vision over every row, padding dropped (get_image_features)."""
+    from .unified import merge
+
+    cells = budget_patches // (POOL * POOL)
+    for i in range(0, len(items), HF_BATCH):
+        chunk = [merge(p) for p in items[i: i + HF_BATCH]]
+        pixels = torch.zeros((len(chunk), cells, chunk[0][0].shape[1]), dtype=torch.float32)  # (B, cells, 6912)
+        positions = torch.full((len(chunk), cells, 2), -1, dtype=torch.long)
+        for row, (px, pos) in enumerate(chunk):
+            pixels[row, : len(px)] = torch.from_numpy(px).float() / 255
+            positions[row, : len(pos)] = torch.from_numpy(pos)
+        positions = positions.to(tower.device)
+        with torch.inference_mode():
+            out = tower.embedder(pixels.to(tower.device), positions).pooler_output  # (B, cells, T)
+            out[(positions != -1).all(-1)]
+
+
 def run_ours(tower: Tower, items: list[Patches], mode: str, max_patches: int) -> None:
     units = [Unit(i, 0, p) for i, p in enumerate(items)]
     for batch in batches(units, mode, max_patches):
@@ -136,6 +182,9 @@ def run_ours(tower: Tower, items: list[Patches], mode: str, max_patches: int) ->
 
 
 def tower_flops(tower: Tower, items: list[Patches]) -> float:
+    if not tower.attention:  # per cell: 6912 → D, then D → T
+        d, cells = tower.hidden, sum(p.soft_tokens for p in items)
+        return 2.0 * cells * (POOL * POOL * 768 * d + d * tower.out_dim)
     c = tower.config
     d, inner, heads, hd = c.hidden_size, c.intermediate_size, c.num_attention_heads, c.head_dim
     kv = c.num_key_value_heads
@@ -184,7 +233,7 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
     tower = random_tower(size, layers, dev, dt)
     max_patches = max_patches or default_patches(dev)
     peak = next((v for k, v in PEAK_BF16.items() if dev.type == "cuda" and k in torch.cuda.get_device_name(dev)), None)
-    report = {"size": size, "layers": tower.config.num_hidden_layers, "device": str(dev), "dtype": str(dt),
+    report = {"size": size, "layers": tower_layers(tower), "device": str(dev), "dtype": str(dt),
               "threads": torch.get_num_threads(), "repeats": repeats, "max_batch_patches": max_patches,
               "workloads": {}}
     models = {pack: measure_memory(tower, pack) for pack in (False, True)} if dev.type == "cuda" else {}
@@ -218,7 +267,7 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
                 predicted = max(models[m == "pack"].peak([u.patches.n for u in b]) for b in planned)
                 rows[m]["model_peak_bytes"] = predicted
                 rows[m]["peak_vs_model"] = rows[m]["peak_bytes"] / predicted
-        default = resolve_batching("auto", dev)  # what `encode` runs here unless told
+        default = resolve_batching("auto", dev, tower.attention)  # what `encode` runs here unless told
         report["workloads"][name] = {"items": len(items), "patches": patches, "default": default,
                                      "default_vs_hf_padded": rows[default]["vs_hf_padded"], "methods": rows}
         log(table(name, len(items), rows, default))

@@ -459,7 +459,7 @@ def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help=
 @command()
 def bench(
     folder: Annotated[Optional[Path], typer.Argument(help="--e2e: measure a sample of this folder instead of the generated real-size set.", show_default=False)] = None,
-    size: Annotated[str, typer.Option(help="Released tower size to imitate: e2b or 26b (random weights).")] = "e2b",
+    size: Annotated[str, typer.Option(help="Released tower size to imitate: e2b, 26b or 12b (the unified model's embedder; random weights).")] = "e2b",
     layers: Annotated[Optional[int], typer.Option(help="Use only N encoder layers (to fit a CPU's time).")] = None,
     workload: Annotated[Optional[list[str]], typer.Option(help="photos, video or mixed (repeatable).")] = None,
     items: Annotated[int, typer.Option(help="Items per workload (video: clips of 32 frames); --e2e DIR: files sampled per kind.")] = 24,

@@ -118,7 +118,7 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
     tower_rate: photos/s at `image_tokens` the tower takes (e.g. an H200's), instead of measuring it here.
     frames: sampled per video (uniformly, as Gemma4VideoProcessor), each at 70 tokens.
     """
-    from .bench import default_patches, random_tower
+    from .bench import default_patches, random_tower, tower_layers
     from .decode import Sampling
     from .model import dtype_name, parse_device, parse_dtype
     from .options import Options
@@ -146,7 +146,7 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
     if not kinds:
         raise UsageError(f"{folder}: none of the sampled files decodes")
     tower = random_tower(size, layers, dev, dt)
-    mode, max_patches = resolve_batching("auto", dev), default_patches(dev)
+    mode, max_patches = resolve_batching("auto", dev, tower.attention), default_patches(dev)
     all_files = [f for kind, files in groups.items() if kind in kinds for f in files
                  if f not in kinds[kind]["left_out"]]
     overlap = _overlap(tower, mode, max_patches, items_of(all_files), options, workers, repeats, dev, log)
@@ -156,7 +156,7 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
         tower_patches, tower_source = overlap["measured_tower_patches_per_s"], f"measured here ({dev}, {dt})"
     for entry in kinds.values():
         entry["cores_to_feed"] = tower_patches / entry["patches_per_core_s"]
-    report = {"size": size, "layers": tower.config.num_hidden_layers, "device": str(dev), "dtype": str(dt),
+    report = {"size": size, "layers": tower_layers(tower), "device": str(dev), "dtype": str(dt),
               "source": str(folder) if folder else str(benchmedia.cache_dir()), "generation_cpu_s": generation_s,
               "workers": workers, "batching": mode, "image_tokens": image_tokens, "tower_patches_per_s": tower_patches,
               "tower_rate_source": tower_source, "kinds": kinds, **overlap, "wall_s": time.monotonic() - start}

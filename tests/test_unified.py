@@ -277,3 +277,13 @@ def test_torchvision_processor(tower32, ref, photos):
         with torch.no_grad():
             want = ref.model.get_image_features(feats["pixel_values"], image_position_ids=feats["image_position_ids"])
         assert close(tower32.encode([ours])[0], want.pooler_output[0], 0.1)
+
+
+def test_bench_runs_the_12b_embedder():
+    from gemma4enc.bench import bench
+
+    report = bench(size="12b", device="cpu", dtype="float32", workloads=("mixed",), count=2, repeats=1, log=lambda s: None)
+    workload = report["workloads"]["mixed"]
+    assert report["layers"] == 0 and set(workload["methods"]) == {"hf-padded", "serial", "bucket", "pack"}
+    assert workload["default"] == "pack"  # no attention: one call over the budget's patches, on the CPU too
+    assert all(r["items_per_s"] > 0 for r in workload["methods"].values())
