@@ -38,7 +38,7 @@ def vision_tensors(weight_map: dict[str, str], name: str) -> dict[str, dict[str,
         part = next((p for p in PARTS if key.removeprefix("model.").startswith(p)), None)  # mlx drops "model."
         if part:
             found[part][key] = file
-    if not any(k.endswith("patch_dense.weight") for part in found.values() for k in part):
+    if not any("patch_dense." in k for part in found.values() for k in part):
         raise UsageError(f"{name}: this gemma4_unified checkpoint holds no vision_embedder.patch_dense tensor")
     return found
 
@@ -61,6 +61,7 @@ def load_embedder(ckpt, dtype: torch.dtype, device: torch.device):
     with torch.device("meta"):
         embedder = Gemma4UnifiedVisionEmbedder(ckpt.config.vision_config, ckpt.config.text_config)
     state = module_state(ckpt)
+    _refuse_quantized(ckpt.name, state)
     for what, keys in (("missing", embedder.state_dict().keys() - state), ("unexpected", state - embedder.state_dict().keys())):
         if keys:
             raise UsageError(f"{ckpt.name}: {what} vision_embedder tensor(s) {_few(sorted(keys))}")
@@ -70,6 +71,19 @@ def load_embedder(ckpt, dtype: torch.dtype, device: torch.device):
         reason = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))
         raise UsageError(f"{ckpt.name}: vision_embedder tensors do not match the config: {reason}") from None
     return embedder.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+# names quantizers give a Linear's parts (compressed-tensors, ModelOpt, bitsandbytes, mlx affine)
+QUANTIZED = ("weight_packed", "weight_scale", "weight_global_scale", "weight_zero_point", "weight_scale_2",
+             "absmax", "quant_map", "quant_state", "scales", "biases")
+
+
+def _refuse_quantized(name: str, state: dict[str, torch.Tensor]) -> None:
+    """A quantized embedder would fail the strict load with a list of names: say what it is instead."""
+    odd = sorted(k for k, t in state.items() if not t.is_floating_point() or k.split(".")[-1].startswith(QUANTIZED))
+    if odd:
+        raise UsageError(f"{name}: the vision embedder is quantized ({_few(odd)}); gemma4enc reads bf16 or float "
+                         "weights: use the unquantized checkpoint of the same model (google/gemma-4-12B-it)")
 
 
 def _few(names: list[str]) -> str:

@@ -214,6 +214,13 @@ def test_other_layouts_load_the_same(ckpt_unified, tower32, photos, tmp_path):
     save_file(native, str(tmp_path / "native" / "model.safetensors"))
     with pytest.raises(UsageError, match=r"do not match the config: size mismatch for pos_norm.bias"):
         load_tower(str(tmp_path / "native"), "float32", "cpu")
+    dense = native.pop("model.embed_vision.patch_dense.weight")  # as compressed-tensors w4a16 stores a Linear
+    native |= {"model.embed_vision.patch_dense.weight_packed": torch.zeros(dense.shape[0], dense.shape[1] // 8,
+                                                                           dtype=torch.int32),
+               "model.embed_vision.patch_dense.weight_scale": torch.ones(dense.shape[0], 1)}
+    save_file(native, str(tmp_path / "native" / "model.safetensors"))
+    with pytest.raises(UsageError, match=r"quantized \(patch_dense.weight_packed, patch_dense.weight_scale\).*unquantized"):
+        load_tower(str(tmp_path / "native"), "float32", "cpu")
 
 
 @pytest.fixture(scope="module")
