@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# On a CUDA machine, in one run of under 12 minutes (every step has a timeout):
+# On a CUDA machine, in one run of under 14 minutes (every step has a timeout):
 #   the CUDA tests (bfloat16 parity with transformers, pack vs serial, memory model ±20 %),
 #   the benchmark (photos, video, mixed on an E2B-sized tower), again with --compile, the
 #   end-to-end benchmark, and `encode --devices all` / `--engine ray --device cuda` on the
-#   demo's tiny checkpoint. Worst case 735 s (the e2e step's first run makes its media).
+#   demo's tiny checkpoint; the 12B unified model's CUDA and torchvision tests and its benchmark.
+#   Worst case 855 s (the e2e step's first run makes its media).
 #   bash scripts/gpu_check.sh OUTDIR
-# OUTDIR gets log.txt (every step's output and exit status) and five JSON/XML files.
+# OUTDIR gets log.txt (every step's output and exit status) and seven JSON/XML files.
 # A machine whose Python lacks some of our dependencies: run `bash scripts/gpu_wheels.sh` on a
 # machine with a package index first; the wheels it leaves in .whl/ are installed here into a
 # temporary folder, ahead of the machine's own packages.
@@ -41,6 +42,10 @@ step bench 120 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2
     --workload photos --workload video --workload mixed --json "$out/bench-e2b.json"
 step compile 90 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 128 --repeats 3 \
     --workload photos --workload video --compile --json "$out/bench-compile.json"
+step unified 60 "$PY" -m pytest -q -rs tests/test_unified.py -k "cuda or torchvision" -p no:cacheprovider \
+    --junitxml="$out/unified-tests.xml"  # the 12B unified model on CUDA, and against its torchvision processor
+step bench-12b 60 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size 12b --items 256 --repeats 3 \
+    --workload photos --workload video --json "$out/bench-12b.json"
 # real-size media: made once (about 3 min of CPU here, one file after another), then decode per kind and the overlap
 step e2e 300 "$PY" -m gemma4enc bench --e2e --device cuda --repeats 3 --json "$out/e2e.json"
 demo=$(mktemp -d)

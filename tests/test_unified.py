@@ -294,3 +294,16 @@ def test_bench_runs_the_12b_embedder():
     assert report["layers"] == 0 and set(workload["methods"]) == {"hf-padded", "serial", "bucket", "pack"}
     assert workload["default"] == "pack"  # no attention: one call over the budget's patches, on the CPU too
     assert all(r["items_per_s"] > 0 for r in workload["methods"].values())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bfloat16_and_its_memory_model(ckpt_unified, ref, photos):
+    from gemma4enc.options import Options
+    from gemma4enc.plan import budget_patches
+
+    tower = load_tower(str(ckpt_unified), "bfloat16", "cuda")
+    items = [patchify(im, 280) for im in photos]
+    for got, want in zip(tower.encode(items), hf_unified_features(ref, photos)):
+        assert close(got.cpu(), want, 0.02)  # against the float32 reference: 8.4e-3 on the CPU
+    assert budget_patches(tower, Options(), "pack") >= 9 * 1120  # the memory model fitted its probes
