@@ -37,9 +37,7 @@ from gemma4enc.model import find_checkpoint, load_tower
 from gemma4enc.patches import SOFT_TOKEN_BUDGETS, patchify, target_size
 from gemma4enc.unified import UnifiedTower, merge
 
-from .conftest import SHAPES
-from .test_cli import BASE, encode, shard_tokens
-from .test_tower import close
+from .helpers import BASE, SHAPES, close, encode, shard_tokens
 
 SOURCES = Path(transformers.__file__).parent / "models" / "gemma4_unified"
 NAMES = {"get_aspect_ratio_preserving_size", "convert_image_to_patches", "convert_video_to_patches",
@@ -297,7 +295,6 @@ def test_bench_runs_the_12b_embedder():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bfloat16_and_its_memory_model(ckpt_unified, ref, photos):
     from gemma4enc.options import Options
     from gemma4enc.plan import budget_patches
