@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from . import unified
+from . import layouts, unified
 from .errors import UsageError
 
 if TYPE_CHECKING:
@@ -158,6 +158,8 @@ def find_checkpoint(model: str) -> Checkpoint:
     config = _read_config(root, model)
     select = unified.vision_tensors if unified.is_unified(config) else _vision_tensors
     tensors = select(_weight_map(root, model), model)
+    if not unified.is_unified(config):  # unified.py refuses a quantized vision_embedder itself
+        layouts.refuse_quantized(config, tensors, model)
     return Checkpoint(name=model, root=root, config=config, tensors=tensors, revision=revision)
 
 
@@ -187,9 +189,13 @@ def load_modules(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device):
     with torch.device("meta"):
         vision = Gemma4VisionModel(vcfg)
         embed = Gemma4MultimodalEmbedder(vcfg, tcfg)
-    for module, part in ((vision, "vision_tower."), (embed, "embed_vision.")):
+    modules = {"vision_tower.": vision, "embed_vision.": embed}
+    ckpt = layouts.resolve(ckpt, {part: module.state_dict().keys() for part, module in modules.items()})
+    for part, module in modules.items():
+        state = read_tensors(ckpt, part)
+        layouts.refuse_integer(state, ckpt.name, ckpt.config, part)
         try:
-            module.load_state_dict(read_tensors(ckpt, part), strict=True, assign=True)
+            module.load_state_dict(state, strict=True, assign=True)
         except RuntimeError as e:
             raise UsageError(f"{ckpt.name}: {part}* tensors do not match the config: {str(e).splitlines()[0]}") from None
     del vision.encoder.rotary_emb  # still on meta: rebuilt by place()
