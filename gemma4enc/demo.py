@@ -53,24 +53,37 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
-            elif "position_embedding_table" in name:
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p.shape[-1] if p.dim() > 1 else 1
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
+            p.copy_(random_tensor(name, p.shape, g))
         for name, b in model.named_buffers():
-            if "inv_freq" in name:
-                continue
-            if name.endswith(("input_min", "output_min")):
-                b.fill_(-2.0 - torch.rand((), generator=g).item())
-            elif name.endswith(("input_max", "output_max")):
-                b.fill_(2.0 + torch.rand((), generator=g).item())
-            elif name.endswith("std_bias"):
-                b.copy_(0.5 * torch.randn(b.shape, generator=g))
-            elif name.endswith("std_scale"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+            if "inv_freq" not in name and (value := random_buffer(name, b.shape, g)) is not None:
+                b.copy_(value)
+
+
+def random_tensor(name: str, shape, g: torch.Generator) -> torch.Tensor:
+    """A float32 value for the parameter or persistent buffer `name` (used without a module, too:
+    real-size checkpoints are written tensor by tensor)."""
+    buffer = random_buffer(name, shape, g)
+    if buffer is not None:
+        return buffer
+    if name.endswith("norm.weight") or "layernorm" in name:
+        return 1.0 + 0.3 * torch.randn(shape, generator=g)
+    if "position_embedding_table" in name:
+        return 0.5 * torch.randn(shape, generator=g)
+    fan_in = shape[-1] if len(shape) > 1 else 1
+    return torch.randn(shape, generator=g) / fan_in**0.5
+
+
+def random_buffer(name: str, shape, g: torch.Generator) -> torch.Tensor | None:
+    """Clip bounds that bite and non-trivial std buffers (None: not a buffer we fill)."""
+    if name.endswith(("input_min", "output_min")):
+        return torch.full(shape, -2.0 - torch.rand((), generator=g).item())
+    if name.endswith(("input_max", "output_max")):
+        return torch.full(shape, 2.0 + torch.rand((), generator=g).item())
+    if name.endswith("std_bias"):
+        return 0.5 * torch.randn(shape, generator=g)
+    if name.endswith("std_scale"):
+        return 0.5 + torch.rand(shape, generator=g)
+    return None
 
 
 def build(folder: Path, seed: int = 0, shard_size: str | None = None, unified: bool = False, **config_kw):

@@ -197,7 +197,7 @@ _said: set[str] = set()  # one line per checkpoint and process, however many tow
 
 def _say(name: str, skipped: list[tuple[str, str]]) -> None:
     reasons = sorted({why for _, why in skipped})
-    line = (f"{name}: skipped {len(skipped)} tensor(s) the vision modules do not use ({'; '.join(reasons)}): "
+    line = (f"gemma4enc: {name}: skipped {len(skipped)} tensor(s) the vision modules do not use ({'; '.join(reasons)}): "
             f"{_first(key for key, _ in skipped)}")
     if line not in _said:
         _said.add(line)
