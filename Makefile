@@ -5,8 +5,13 @@ PY     := $(VENV)/bin/python
 # Where no GPU is present the CPU build of torch is installed first, so that the
 # plain torch requirement never pulls a multi-GB CUDA build. Override to choose.
 TORCH_CPU ?= torch==2.13.0
+EXTRAS ?= test,ray
+# a second venv with the lowest transformers pyproject.toml allows, for the parity tests
+VENV_LOWEST ?= .venv-lowest
+LOWEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py
 
-.PHONY: install test bench bench-e2e bench-rss bench-decode bench-video bench-ledger demo clean
+.PHONY: install test test-lowest bench bench-e2e bench-rss bench-decode bench-video bench-ledger demo clean
 
 install:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -17,10 +22,17 @@ install:
 	else \
 		$(PY) -m pip install -q "$(TORCH_CPU)"; \
 	fi
-	$(PY) -m pip install -q -e ".[test,ray]"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 
 test:
 	$(PY) -m pytest -q tests
+
+# the parity tests (every path against get_image_features / get_video_features, and Gemma 4 fed
+# from the shards) on the lowest transformers we claim
+test-lowest:
+	$(MAKE) install VENV=$(VENV_LOWEST) EXTRAS=test
+	$(VENV_LOWEST)/bin/python -m pip install -q "transformers==$(LOWEST)"
+	$(VENV_LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(PARITY)
 
 bench:
 	$(PY) -m gemma4enc bench --device cpu --layers 2 --items 12 --workload photos --workload video --workload mixed --json bench-out/bench.json
@@ -46,7 +58,7 @@ demo:
 	$(PY) -m gemma4enc demo ./demo
 
 clean:
-	rm -rf $(VENV) demo bench-out *.egg-info
+	rm -rf $(VENV) $(VENV_LOWEST) demo bench-out *.egg-info
 
 bench-video:
 	$(PY) benchmarks/video_decode.py

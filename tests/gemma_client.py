@@ -78,6 +78,9 @@ class FramesVideoProcessor(VideoProcessorMixin):
     transformers' own frames match (research/gemma4_transformers.md §3). Outputs and metadata
     are the video processor's, so Gemma4Processor expands the prompt with its own code."""
 
+    # Gemma4VideoProcessor's; transformers before 5.22 keeps only these keys of a sub-processor's output
+    model_input_names = ["pixel_values_videos", "video_position_ids", "num_frames_per_video"]
+
     def __init__(self, max_soft_tokens: int = 70):
         super().__init__()
         self.max_soft_tokens = max_soft_tokens

@@ -104,7 +104,8 @@ def greedy(model, spliced, steps):
     for _ in range(steps):
         tokens.append(out.logits[:, -1:].argmax(-1))
         mask = torch.cat([mask, mask.new_ones(1, 1)], 1)
-        out = model(input_ids=tokens[-1], attention_mask=mask, cache=out.cache, use_cache=True)
+        named = "cache" if hasattr(out, "cache") else "past_key_values"  # renamed in 5.24
+        out = model(input_ids=tokens[-1], attention_mask=mask, use_cache=True, **{named: getattr(out, named)})
     return torch.cat(tokens, 1)[0].tolist()
 
 
