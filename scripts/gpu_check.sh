@@ -42,6 +42,9 @@ step bench 120 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2
     --workload photos --workload video --workload mixed --json "$out/bench-e2b.json"
 step compile 90 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size e2b --items 128 --repeats 3 \
     --workload photos --workload video --compile --json "$out/bench-compile.json"
+# our pixels and tokens against transformers' torchvision processors (they load beside a CUDA torch): the figures
+step torchvision 90 "$PY" -m pytest -q -s -rs tests/test_torchvision.py -p no:cacheprovider
+grep -E "^(Gemma4(Image|Video)Processor|tokens, torchvision)" "$log" | tail -n 30 >"$out/torchvision.txt"
 step unified 60 "$PY" -m pytest -q -rs tests/test_unified.py -k "cuda or torchvision" -p no:cacheprovider \
     --junitxml="$out/unified-tests.xml"  # the 12B unified model on CUDA, and against its torchvision processor
 step bench-12b 60 "$PY" -m gemma4enc bench --device cuda --dtype bfloat16 --size 12b --items 256 --repeats 3 \
