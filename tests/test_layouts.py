@@ -9,24 +9,21 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
 from gemma4enc import demo, layouts
-from gemma4enc.cli import app
 from gemma4enc.errors import UsageError
 from gemma4enc.model import load_tower
 from gemma4enc.patches import patchify
 
-from .conftest import photo
-from .test_cli import shard_tokens as read_shards
+from .helpers import encode_argv, flags, photo
+from .helpers import encode as run_encode
+from .helpers import shard_tokens as read_shards
 
-RUN = CliRunner()
-FLAGS = ["--device", "cpu", "--dtype", "float32", "--out-dtype", "float32", "--resize", "exact", "-q"]
+FLAGS = flags(json=False, frames=None)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +65,7 @@ def tokens(folder):
 
 
 def encode(media, out, model):
-    result = RUN.invoke(app, ["encode", str(media), "-o", str(out), "--model", str(model), *FLAGS])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    return result
+    return run_encode([media, "-o", out, "--model", model, *FLAGS])
 
 
 def shard_tokens(out):
@@ -152,8 +147,8 @@ GONE = "model.vision_tower.encoder.layers.1.post_feedforward_layernorm.weight"
 
 def test_missing_tensor_exits_2_with_one_line(ckpt, tmp_path, media):
     bad = rewrite(ckpt, tmp_path / "missing", lambda t: t.pop(GONE))
-    r = subprocess.run([sys.executable, "-m", "gemma4enc", "encode", str(media), "-o", str(tmp_path / "out"),
-                        "--model", str(bad), *FLAGS], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(encode_argv(media, "-o", tmp_path / "out", "--model", bad, *FLAGS), capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("gemma4enc: error:") and GONE in line

@@ -19,8 +19,7 @@ from gemma4enc.model import load_tower
 from gemma4enc.patches import patchify
 
 from . import realsize
-from .conftest import photo
-from .test_tower import close, hf_image_features
+from .helpers import close, hf_image_features, photo, reference
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +84,6 @@ def test_released_layouts(tmp_path, size):
 
 def test_e2b_size_matches_get_image_features(e2b):
     """One photo through the full-size E2B tower, float32, against transformers (1e-4 × scale)."""
-    from .conftest import reference
-
     image = photo(360, 480, seed=11)
     ref = reference(e2b[0])
     want = hf_image_features(ref, image, budget=140)

@@ -18,7 +18,7 @@ import torch
 from gemma4enc.demo import barcode_frame
 from gemma4enc.patches import patchify
 
-from .test_tower import close, hf_image_features
+from .helpers import close, hf_image_features
 
 try:
     import torchvision  # noqa: F401
