@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .errors import UsageError
+from .rows import Status
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
               ".pgm", ".pbm", ".ico", ".tga"}
@@ -27,6 +28,7 @@ class Item:
     error: str | None = None  # set when the file could not even be looked at (broken link, no access)
     root: str | None = None  # the root folder it was found under (absolute), when found by walking
     rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
+    status: str | None = None  # with `error`: the row's Status (discovery knows why, the worker does not guess)
 
 
 def sniff(head: bytes) -> str | None:
@@ -73,7 +75,7 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
-            return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel)
+            return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel, Status.UNSUPPORTED)
         kind = known(path, st.st_size, st.st_mtime_ns) if known else None
         if kind:
             return Item(path, kind, st.st_size, st.st_mtime_ns, None, root, rel)
@@ -81,9 +83,9 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
             head = f.read(SNIFF_BYTES)
     except FileNotFoundError:
         reason = "broken symlink" if os.path.islink(path) else "file not found"
-        return Item(path, _ext_kind(path), 0, 0, reason, root, rel)
+        return Item(path, _ext_kind(path), 0, 0, reason, root, rel, Status.NOT_FOUND)
     except OSError as e:
-        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel)
+        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel, Status.UNREADABLE)
     return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns, None, root, rel)
 
 
@@ -167,7 +169,7 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     items: dict[str, Item] = {}
     for path, reason in unlisted:  # a row says which folder was not read, and why
         path = os.path.abspath(path)
-        items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}")
+        items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}", status=Status.UNREADABLE)
     skipped = 0
     candidates = [(os.path.abspath(p), p, True, None) for p in named] + [(p, rel, False, root) for p, rel, root in walked]
     include, exclude = list(include), list(exclude)

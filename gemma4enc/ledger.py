@@ -17,6 +17,8 @@ import struct
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+from .rows import Status
+
 MANIFEST = "manifest.jsonl"
 # shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
 SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
@@ -245,7 +247,7 @@ class Ledger:
         for code in self.roots:
             path = os.path.join(self.strings[code], rel)
             entry = self.get(path)
-            if entry is not None and entry.status == "ok" and entry.size == size and entry.root == self.strings[code]:
+            if entry is not None and entry.status == Status.OK and entry.size == size and entry.root == self.strings[code]:
                 yield path, entry
 
     def shards(self) -> set[str]:
