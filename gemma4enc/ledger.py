@@ -259,13 +259,18 @@ class Ledger:
         return self._live
 
     def _find(self, path: str) -> int:
-        """The row of `path`'s latest line, or -1."""
-        hashes, rows = self._index()
+        """The row of `path`'s latest line, or -1 (its folder code and name bytes compared, not rebuilt)."""
+        hashes, rows = self._live or self._index()
         h = hash(path)
-        i = int(hashes.searchsorted(h))
-        while i < len(hashes) and hashes[i] == h:  # several only if two paths share a hash
+        i, n = int(hashes.searchsorted(h)), len(hashes)
+        if i == n or hashes[i] != h:
+            return -1
+        cut = path.rfind("/") + 1
+        folder, name = self.codes.get(path[:cut]), path[cut:].encode("utf-8", "surrogatepass")
+        ends, dirs = self._col["name_end"], self._col["dir"]
+        while i < n and hashes[i] == h:  # several only if two paths share a hash
             r = int(rows[i])
-            if self._path(r) == path:
+            if dirs[r] == folder and self._names[ends[r - 1] if r else 0: ends[r]] == name:
                 return r
             i += 1
         return -1

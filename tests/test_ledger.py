@@ -188,8 +188,8 @@ from gemma4enc.workers import prepare
 
 def probe(item, options):
     before = [m for m in ("torch", "transformers") if m in sys.modules]
-    d = prepare(item, options)
-    d.error = repr(before)
+    d = prepare(item, options)  # decoding and patchifying a photo must not import them either
+    d.error = repr(before + [m for m in ("torch", "transformers") if m in sys.modules])
     return d
 '''
 
