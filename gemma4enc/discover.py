@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 import stat
 import sys
@@ -141,6 +142,12 @@ def _listed(files_from: str, null: bool = False) -> list[str]:
         raise UsageError(f"--files-from {files_from}: {getattr(e, 'strerror', None) or e}") from None
 
 
+def _below(root: str, paths: Iterable[str]) -> Iterable[tuple[str, str, str]]:
+    """(path, its part past root, root) for walked paths, one at a time."""
+    cut = len(root) if root.endswith(os.sep) else len(root) + 1  # each path is root + sep + rel
+    return ((p, p[cut:], root) for p in paths)
+
+
 def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
              hidden: bool = False, null: bool = False, out: str | None = None,
              known: Known | None = None) -> tuple[list[Item], int]:
@@ -153,7 +160,7 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     `known`: see look().
     """
     named: list[str] = []
-    walked: list[tuple[str, str, str]] = []  # (path, path relative to its root: what globs see, root)
+    walked = []  # per root: (path, path relative to its root: what globs see, root), walked lazily
     listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []
     for root in roots:
@@ -162,16 +169,14 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     for root in [*roots, *listed]:
         if os.path.isdir(root):
             root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
-            cut = len(root) if root.endswith(os.sep) else len(root) + 1  # each path is root + sep + rel
-            walked += [(p, p[cut:], root) for p in walk(root, hidden, unlisted, skip=out)]
+            walked.append(_below(root, walk(root, hidden, unlisted, skip=out)))
         else:
             named.append(root)
     items: dict[str, Item] = {}
-    for path, reason in unlisted:  # a row says which folder was not read, and why
-        path = os.path.abspath(path)
-        items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}", status=Status.UNREADABLE)
     skipped = 0
-    candidates = [(os.path.abspath(p), p, True, None) for p in named] + [(p, rel, False, root) for p, rel, root in walked]
+    # generators, not lists: at a million files each list of them costs ~100 MB
+    candidates = itertools.chain(((os.path.abspath(p), p, True, None) for p in named),
+                                 ((p, rel, False, root) for p, rel, root in itertools.chain(*walked)))
     include, exclude = list(include), list(exclude)
     for path, rel, explicit, root in candidates:
         if (include or exclude) and not _matches(rel, include, exclude):
@@ -181,5 +186,9 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
             skipped += 1
             continue
         items[item.path] = item
+    for path, reason in unlisted:  # a row says which folder was not read, and why
+        path = os.path.abspath(path)
+        items.setdefault(path, Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}",
+                                    status=Status.UNREADABLE))
     return sorted(items.values(), key=lambda i: i.path), skipped
 

@@ -281,3 +281,13 @@ def test_rows_we_did_not_write_are_skipped_whole(tmp_path):
     ledger = Ledger.load(_manifest(tmp_path, rows))
     assert (len(ledger), ledger.unreadable, ledger.get("/b.jpg").size) == (1, 3, 3)
     assert ledger.digest("/b.jpg") == "00" * 31 + "01"
+
+
+def test_roots_walked_lazily_keep_their_own_root_and_rel(tmp_path):
+    """Discovery walks each root as it stats (no list of every path first); each item keeps its own root."""
+    for root, name in (("a", "x.jpg"), ("bb", "y.jpg")):
+        photos(tmp_path / root / "sub", 1)
+        (tmp_path / root / "sub" / "p0.jpg").rename(tmp_path / root / "sub" / name)
+    items, _ = discover_module.discover([str(tmp_path / "a"), str(tmp_path / "bb")])
+    got = [(Path(i.root).name, i.rel) for i in items if i.rel]
+    assert got == [("a", "sub/x.jpg"), ("bb", "sub/y.jpg")]
