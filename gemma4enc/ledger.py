@@ -123,7 +123,7 @@ class Ledger:
     def _reset(self, ino) -> None:
         self._col = {name: array(code) for name, code in _COLUMNS.items()}
         self._names = bytearray()  # file names (UTF-8, lone surrogates kept), one after another
-        self._sha = bytearray()  # 32 bytes a row once some row carries a sha256 (--hash); zeros: none
+        self._sha = bytearray()  # 33 bytes a row once some row carries a sha256 (--hash): 1 + it, or 33 zeros
         self.strings: list[str | None] = [None]  # code 0 is None: shard names, statuses, kinds, roots, folders
         self.codes: dict[str | None, int] = {None: 0}
         self._live = None  # (sorted hashes, their rows) of the latest rows: built when first asked
@@ -219,8 +219,8 @@ class Ledger:
         digest = row.get("sha256")
         if digest or self._sha:
             if not self._sha:
-                self._sha = bytearray(32 * (len(c["hash"]) - 1))
-            self._sha += bytes.fromhex(digest) if digest else bytes(32)
+                self._sha = bytearray(33 * (len(c["hash"]) - 1))
+            self._sha += b"\x01" + bytes.fromhex(digest) if digest else bytes(33)
 
     def _path(self, r: int) -> str:
         ends = self._col["name_end"]
@@ -314,8 +314,9 @@ class Ledger:
 
     def digest(self, path: str) -> str | None:
         r = self._find(path)
-        value = bytes(self._sha[32 * r: 32 * r + 32]) if r >= 0 and self._sha else None
-        return value.hex() if value and any(value) else None
+        if r < 0 or not self._sha or not self._sha[33 * r]:
+            return None
+        return self._sha[33 * r + 1: 33 * r + 33].hex()
 
     def known_kind(self, path: str, size: int, mtime_ns: int) -> str | None:
         """The kind the latest row records, if that row is for this very size and mtime."""
