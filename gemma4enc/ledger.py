@@ -2,7 +2,7 @@
 
 OUT/manifest.jsonl stays the readable contract (one JSON row per line, later rows replace
 earlier ones for the same path). A run reads it once into a `Ledger`: path → its latest row's
-size, mtime, where it starts, status, shard… in flat columns, about 100 bytes a file, and reads on from where it stopped when the file grew. Whole rows are fetched by offset only
+size, mtime, where it starts, status, shard… in flat columns, 100–140 bytes a file, and reads on from where it stopped when the file grew. Whole rows are fetched by offset only
 when needed. Nothing here imports torch: a run with nothing to do never loads it.
 """
 
@@ -112,7 +112,7 @@ class Ledger:
     Each line read is a row of flat arrays (no Python object per row): its folder as a code, its
     file name in one byte string, size, mtime, offset, counts and codes, and its path's hash.
     The latest row of each path is found by sorting the hashes (numpy) after a read, and a
-    lookup is a binary search, checked against the stored path. About 100 bytes a file.
+    lookup is a binary search, checked against the stored path. 100–140 bytes a file.
     """
 
     def __init__(self, out: Path):
