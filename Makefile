@@ -11,7 +11,7 @@ VENV_LOWEST ?= .venv-lowest
 LOWEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py
 
-.PHONY: install test test-lowest bench bench-e2e bench-rss bench-decode bench-video bench-ledger demo clean
+.PHONY: install test test-lowest bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
 
 install:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -46,6 +46,9 @@ bench-rss:
 	$(PY) benchmarks/rss.py --items 500 --json bench-out/rss.json
 
 # re-runs over 100 k and 1 M files that are mostly done (no-op, 1 % changed, inspect, verify, compact)
+bench-photos:
+	$(PY) benchmarks/photos_e2e.py --photos 14 --layers 2 --rounds 2 --json bench-out/photos_e2e.json
+
 bench-ledger:
 	$(PY) benchmarks/ledger.py --n 100000 --n 1000000 --changed-up-to 100000 --json bench-out/ledger.json
 	$(PY) benchmarks/ledger.py --startup --json bench-out/startup.json

@@ -18,6 +18,7 @@ from PIL import Image, ImageFile, ImageOps
 
 from .discover import SNIFF_BYTES, sniff
 from .patches import Fitted, target_size
+from .rows import Status
 
 
 
@@ -129,17 +130,17 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
                 else:
                     rgb, decoded = _fitted(image, fit)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DecodeError("too_large", f"{e} (raise --max-image-pixels to allow it)") from None
+        raise DecodeError(Status.TOO_LARGE, f"{e} (raise --max-image-pixels to allow it)") from None
     except Image.UnidentifiedImageError:
         with open(path, "rb") as f:
             looks_like_image = sniff(f.read(SNIFF_BYTES)) == "image"
         if looks_like_image:
-            raise DecodeError("decode_error", "corrupt image: its header is unreadable") from None
-        raise DecodeError("unsupported", "the content is not an image format Pillow reads") from None
+            raise DecodeError(Status.DECODE_ERROR, "corrupt image: its header is unreadable") from None
+        raise DecodeError(Status.UNSUPPORTED, "the content is not an image format Pillow reads") from None
     except (FileNotFoundError, PermissionError):
         raise  # the caller says these in its own words
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated, corrupt, bad header
-        raise DecodeError("decode_error", f"{type(e).__name__}: {e}") from None
+        raise DecodeError(Status.DECODE_ERROR, f"{type(e).__name__}: {e}") from None
     info = {"width": rgb.width, "height": rgb.height, "source_frames": frames, "decoded": list(decoded)}
     return Frames(images=[rgb], info=info)
 
@@ -226,7 +227,7 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str 
 
     with av.open(path) as container:
         if not container.streams.video:
-            raise DecodeError("no_video_stream", "the file has no video stream")
+            raise DecodeError(Status.NO_VIDEO_STREAM, "the file has no video stream")
         stream = container.streams.video[0]
         stream.thread_count = THREADS  # 1: workers decode in parallel, threads inside them only contend
         if THREADS > 1:  # the tail of a run: cores are idle (workers.py sets THREADS)
@@ -238,7 +239,7 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str 
                 if packet.is_keyframe:
                     keyframes.append(packet.pts)
         if not pts:
-            raise DecodeError("empty", "the video stream has no frames")
+            raise DecodeError(Status.EMPTY, "the video stream has no frames")
         order = np.array(sorted(pts))
         base = stream.start_time if stream.start_time is not None else int(order[0])
         times = (order - base) * float(stream.time_base)
@@ -249,7 +250,7 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str 
         size: list[tuple[int, int]] = []
         got = _pyav_frames(container, stream, order, keyframes, wanted, transform, size, seek == "keyframe")
     if not got:
-        raise DecodeError("decode_error", "no sampled frame could be decoded")
+        raise DecodeError(Status.DECODE_ERROR, "no sampled frame could be decoded")
     indices = sorted(got)
     info = {"backend": "pyav", "codec": stream.codec_context.name, "total_frames": len(order),
             "fps": float(stream.average_rate or 0), "duration": float(times[-1]),
@@ -340,10 +341,10 @@ def decode_video_decord(path: str, sampling: Sampling, transform=_same, seek: st
     try:
         reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=THREADS)
     except (RuntimeError, decord.DECORDError) as e:
-        raise DecodeError("decode_error", f"decord: {str(e).splitlines()[0][:200]}") from None
+        raise DecodeError(Status.DECODE_ERROR, f"decord: {str(e).splitlines()[0][:200]}") from None
     total = len(reader)
     if total == 0:
-        raise DecodeError("empty", "the video stream has no frames")
+        raise DecodeError(Status.EMPTY, "the video stream has no frames")
     times = reader.get_frame_timestamp(np.arange(total))[:, 0]
     wanted = sampling.indices(total, times)
     if seek == "keyframe":
@@ -353,9 +354,9 @@ def decode_video_decord(path: str, sampling: Sampling, transform=_same, seek: st
         try:
             batch = reader.get_batch(wanted[at: at + DECORD_CHUNK]).asnumpy()  # (F, H, W, 3) uint8
         except (RuntimeError, decord.DECORDError) as e:
-            raise DecodeError("decode_error", f"decord: {str(e).splitlines()[0][:200]}") from None
+            raise DecodeError(Status.DECODE_ERROR, f"decord: {str(e).splitlines()[0][:200]}") from None
         if batch.ndim != 4 or batch.shape[-1] != 3:  # seen with rotated clips: let PyAV do it
-            raise DecodeError("decode_error", f"decord returned frames shaped {batch.shape}")
+            raise DecodeError(Status.DECODE_ERROR, f"decord returned frames shaped {batch.shape}")
         images += [transform(frame) for frame in batch]
     info = {"backend": "decord", "total_frames": total, "fps": float(reader.get_avg_fps()),
             "duration": float(times[-1]), "height": int(batch.shape[1]), "width": int(batch.shape[2])}
@@ -370,14 +371,14 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
     try:
         with av.open(path) as container:
             if not container.streams.video:
-                raise DecodeError("no_video_stream", "the file has no video stream")
+                raise DecodeError(Status.NO_VIDEO_STREAM, "the file has no video stream")
             stream = container.streams.video[0]
             pixels = (stream.width or 0) * (stream.height or 0)
             codec = stream.codec_context.name
     except av.error.FFmpegError as e:
-        raise DecodeError("decode_error", f"cannot open: {e}") from None
+        raise DecodeError(Status.DECODE_ERROR, f"cannot open: {e}") from None
     if max_pixels and pixels > max_pixels:
-        raise DecodeError("too_large", f"frames of {stream.width}×{stream.height} exceed {max_pixels} pixels "
+        raise DecodeError(Status.TOO_LARGE, f"frames of {stream.width}×{stream.height} exceed {max_pixels} pixels "
                                        "(raise --max-image-pixels to allow them)")
     return codec
 
@@ -428,11 +429,11 @@ def _guard(fn, *args):
     except DecodeError:
         raise
     except av.error.FFmpegError as e:
-        raise DecodeError("decode_error", f"pyav: {e}") from None
+        raise DecodeError(Status.DECODE_ERROR, f"pyav: {e}") from None
     except ImportError as e:  # decord has no wheel for every platform: auto then goes on with PyAV
-        raise DecodeError("decode_error", f"{e.name or e} is not installed") from None
+        raise DecodeError(Status.DECODE_ERROR, f"{e.name or e} is not installed") from None
     except (RuntimeError, ValueError, OSError, IndexError) as e:
-        raise DecodeError("decode_error", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
+        raise DecodeError(Status.DECODE_ERROR, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
 
 
 def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None,
@@ -448,4 +449,4 @@ def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_
         return frames
     if kind == "video":
         return decode_video(path, sampling, backend, max_pixels, transform, seek)
-    raise DecodeError("unsupported", "not an image or video format we know")
+    raise DecodeError(Status.UNSUPPORTED, "not an image or video format we know")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 import stat
 import sys
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .errors import UsageError
+from .rows import Status
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
               ".pgm", ".pbm", ".ico", ".tga"}
@@ -27,6 +29,7 @@ class Item:
     error: str | None = None  # set when the file could not even be looked at (broken link, no access)
     root: str | None = None  # the root folder it was found under (absolute), when found by walking
     rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
+    status: str | None = None  # with `error`: the row's Status (discovery knows why, the worker does not guess)
 
 
 def sniff(head: bytes) -> str | None:
@@ -73,7 +76,7 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
-            return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel)
+            return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel, Status.UNSUPPORTED)
         kind = known(path, st.st_size, st.st_mtime_ns) if known else None
         if kind:
             return Item(path, kind, st.st_size, st.st_mtime_ns, None, root, rel)
@@ -81,9 +84,9 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
             head = f.read(SNIFF_BYTES)
     except FileNotFoundError:
         reason = "broken symlink" if os.path.islink(path) else "file not found"
-        return Item(path, _ext_kind(path), 0, 0, reason, root, rel)
+        return Item(path, _ext_kind(path), 0, 0, reason, root, rel, Status.NOT_FOUND)
     except OSError as e:
-        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel)
+        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel, Status.UNREADABLE)
     return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns, None, root, rel)
 
 
@@ -139,6 +142,12 @@ def _listed(files_from: str, null: bool = False) -> list[str]:
         raise UsageError(f"--files-from {files_from}: {getattr(e, 'strerror', None) or e}") from None
 
 
+def _below(root: str, paths: Iterable[str]) -> Iterable[tuple[str, str, str]]:
+    """(path, its part past root, root) for walked paths, one at a time."""
+    cut = len(root) if root.endswith(os.sep) else len(root) + 1  # each path is root + sep + rel
+    return ((p, p[cut:], root) for p in paths)
+
+
 def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
              hidden: bool = False, null: bool = False, out: str | None = None,
              known: Known | None = None) -> tuple[list[Item], int]:
@@ -151,7 +160,7 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     `known`: see look().
     """
     named: list[str] = []
-    walked: list[tuple[str, str, str]] = []  # (path, path relative to its root: what globs see, root)
+    walked = []  # per root: (path, path relative to its root: what globs see, root), walked lazily
     listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []
     for root in roots:
@@ -160,16 +169,14 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     for root in [*roots, *listed]:
         if os.path.isdir(root):
             root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
-            cut = len(root) if root.endswith(os.sep) else len(root) + 1  # each path is root + sep + rel
-            walked += [(p, p[cut:], root) for p in walk(root, hidden, unlisted, skip=out)]
+            walked.append(_below(root, walk(root, hidden, unlisted, skip=out)))
         else:
             named.append(root)
     items: dict[str, Item] = {}
-    for path, reason in unlisted:  # a row says which folder was not read, and why
-        path = os.path.abspath(path)
-        items[path] = Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}")
     skipped = 0
-    candidates = [(os.path.abspath(p), p, True, None) for p in named] + [(p, rel, False, root) for p, rel, root in walked]
+    # generators, not lists: at a million files each list of them costs ~100 MB
+    candidates = itertools.chain(((os.path.abspath(p), p, True, None) for p in named),
+                                 ((p, rel, False, root) for p, rel, root in itertools.chain(*walked)))
     include, exclude = list(include), list(exclude)
     for path, rel, explicit, root in candidates:
         if (include or exclude) and not _matches(rel, include, exclude):
@@ -179,5 +186,9 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
             skipped += 1
             continue
         items[item.path] = item
+    for path, reason in unlisted:  # a row says which folder was not read, and why
+        path = os.path.abspath(path)
+        items.setdefault(path, Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}",
+                                    status=Status.UNREADABLE))
     return sorted(items.values(), key=lambda i: i.path), skipped
 

@@ -1,21 +1,23 @@
 """The manifest: rows appended as shards land, read once per run into a compact map, compacted.
 
 OUT/manifest.jsonl stays the readable contract (one JSON row per line, later rows replace
-earlier ones for the same path). A run reads it once into a `Ledger`: path → one packed
-record (size, mtime, where its latest row starts, status, shard…), about 200 bytes a file,
-and reads on from where it stopped when the file grew. Whole rows are fetched by offset only
+earlier ones for the same path). A run reads it once into a `Ledger`: path → its latest row's
+size, mtime, where it starts, status, shard… in flat columns, 100–140 bytes a file, and reads on from where it stopped when the file grew. Whole rows are fetched by offset only
 when needed. Nothing here imports torch: a run with nothing to do never loads it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
-import struct
+from array import array
 from pathlib import Path
 from typing import Iterator, NamedTuple
+
+from .rows import Status
 
 MANIFEST = "manifest.jsonl"
 # shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
@@ -83,22 +85,6 @@ def line_of(row: dict) -> bytes:
     return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", errors="backslashreplace")
 
 
-def read_manifest(out: Path) -> dict[str, dict]:
-    """path -> its latest row as a dict (the reader's view; runs use the compact Ledger)."""
-    rows: dict[str, dict] = {}
-    path = Path(out) / MANIFEST
-    if not path.exists():
-        return rows
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a torn last line from a killed run
-            rows[row["path"]] = row
-    return rows
-
-
 class Entry(NamedTuple):
     """What a run needs of a file's latest row without parsing it again."""
 
@@ -113,33 +99,49 @@ class Entry(NamedTuple):
     root: str | None  # the walked root the row records, when its path is root + its rel (adoption)
 
 
-# size, mtime_ns, offset, tokens, index, shard code, status code, kind code, root code
-_PACK = struct.Struct("<qqqqiiHHi")
+CHUNK = 1 << 16  # rows turned into Python ints at a time when iterating
+# one column per field, one item per manifest line read (codes index `strings`: 4 bytes, so no
+# count of shard names can overflow them)
+_COLUMNS = {"size": "q", "mtime": "q", "offset": "q", "tokens": "I", "index": "i", "shard": "I", "status": "I",
+            "kind": "I", "root": "I", "dir": "I", "name_end": "Q", "hash": "q"}
 
 
 class Ledger:
-    """path → packed latest row of OUT's manifest; `refresh()` reads only what was appended since."""
+    """path → latest row of OUT's manifest, in columns; `refresh()` reads only what was appended since.
+
+    Each line read is a row of flat arrays (no Python object per row): its folder as a code, its
+    file name in one byte string, size, mtime, offset, counts and codes, and its path's hash.
+    The latest row of each path is found by sorting the hashes (numpy) after a read, and a
+    lookup is a binary search, checked against the stored path. 100–140 bytes a file.
+    """
 
     def __init__(self, out: Path):
         self.path = Path(out) / MANIFEST
+        self._file = None  # the manifest held open (load(pin=True))
         self._reset(None)
 
     def _reset(self, ino) -> None:
-        self.rows: dict[str, bytes] = {}
-        self.sha256: dict[str, bytes] = {}  # only rows that carry one (--hash)
-        self.strings: list[str | None] = [None]  # code 0 is None
+        self._col = {name: array(code) for name, code in _COLUMNS.items()}
+        self._names = bytearray()  # file names (UTF-8, lone surrogates kept), one after another
+        self._sha = bytearray()  # 33 bytes a row once some row carries a sha256 (--hash): 1 + it, or 33 zeros
+        self.strings: list[str | None] = [None]  # code 0 is None: shard names, statuses, kinds, roots, folders
         self.codes: dict[str | None, int] = {None: 0}
-        self.per_shard: dict[int, int] = {}  # shard code → latest rows that name it
-        self.roots: set[int] = set()  # codes of the roots rows record (a few): where a moved file's row may be
+        self._live = None  # (sorted hashes, their rows) of the latest rows: built when first asked
+        self._counts = None  # shard code → latest rows that name it
+        self._roots: list[int] = []  # codes of the roots latest rows record (a few): where a moved file's row may be
         self.end = 0  # bytes read: up to the end of the last complete line
         self.lines = 0
         self.unreadable = 0
-        self.superseded = 0
         self.ino = ino
 
     @classmethod
-    def load(cls, out: Path) -> Ledger:
+    def load(cls, out: Path, pin: bool = False) -> Ledger:
+        """Read OUT's manifest. `pin`: keep it open, so rows are read from this very file even if a
+        compaction replaces it later (a reader's snapshot)."""
         ledger = cls(out)
+        if pin:
+            ledger._file = open(ledger.path, "rb")
+            ledger.ino = os.fstat(ledger._file.fileno()).st_ino
         ledger.refresh()
         return ledger
 
@@ -150,15 +152,22 @@ class Ledger:
         except (FileNotFoundError, NotADirectoryError):  # no manifest yet (encode says why OUT is unusable)
             self._reset(None)
             return self
+        if self._file is not None:
+            st = os.fstat(self._file.fileno())  # pinned: this file, not whatever now has its name
         if st.st_ino != self.ino or st.st_size < self.end:
             self._reset(st.st_ino)
         if st.st_size > self.end:
             self._read_from(self.end)
         return self
 
+    def _open(self):
+        if self._file is not None:
+            return contextlib.nullcontext(self._file)
+        return open(self.path, "rb")
+
     def _read_from(self, start: int) -> None:
         offset = start
-        with open(self.path, "rb") as f:
+        with self._open() as f:
             f.seek(start)
             for line in f:
                 if not line.endswith(b"\n"):
@@ -166,6 +175,7 @@ class Ledger:
                 self._add(line, offset)
                 offset += len(line)
         self.end = offset
+        self._live = self._counts = None
 
     def _code(self, text) -> int:
         code = self.codes.get(text)
@@ -179,93 +189,191 @@ class Ledger:
         try:
             row = json.loads(line)
             path = row["path"]
-        except (ValueError, KeyError, TypeError):
+            if not isinstance(path, str):
+                raise TypeError(path)
+            cut = path.rindex("/") + 1 if "/" in path else 0
+        except (ValueError, KeyError, TypeError, AttributeError):
             self.unreadable += 1
             return
-        old = self.rows.get(path)
-        if old is not None:
-            self.superseded += 1
-            self._count(_PACK.unpack(old)[5], -1)
-        shard = self._code(row.get("shard"))
-        index = row.get("index")
+        index, tokens = row.get("index"), row.get("tokens") or 0
+        if not (_fits(tokens, 0, 1 << 32) and (index is None or _fits(index, -(1 << 31), 1 << 31))):
+            self.unreadable += 1  # not a row we wrote; the file is encoded again
+            return
+        c, code = self._col, self._code
         root = row.get("root")
         # rel is not kept: it is the path past its root (a row where it is not cannot be adopted)
-        root = self._code(root) if root and row.get("rel") and os.path.join(root, row["rel"]) == path else 0
-        if root:
-            self.roots.add(root)
-        self.rows[path] = _PACK.pack(_int(row.get("size")), _int(row.get("mtime_ns")), offset,
-                                     row.get("tokens") or 0, -1 if index is None else index, shard,
-                                     self._code(row.get("status")), self._code(row.get("kind")), root)
-        self._count(shard, 1)
+        root = code(root) if root and row.get("rel") and os.path.join(root, row["rel"]) == path else 0
+        self._names += path[cut:].encode("utf-8", "surrogatepass")
+        c["size"].append(_int(row.get("size")))
+        c["mtime"].append(_int(row.get("mtime_ns")))
+        c["offset"].append(offset)
+        c["tokens"].append(tokens)
+        c["index"].append(-1 if index is None else index)
+        c["shard"].append(code(row.get("shard")))
+        c["status"].append(code(row.get("status")))
+        c["kind"].append(code(row.get("kind")))
+        c["root"].append(root)
+        c["dir"].append(code(path[:cut]))
+        c["name_end"].append(len(self._names))
+        c["hash"].append(hash(path))
         digest = row.get("sha256")
-        if digest:
-            self.sha256[path] = bytes.fromhex(digest)
-        elif old is not None:
-            self.sha256.pop(path, None)
+        if digest or self._sha:
+            if not self._sha:
+                self._sha = bytearray(33 * (len(c["hash"]) - 1))
+            self._sha += b"\x01" + bytes.fromhex(digest) if digest else bytes(33)
 
-    def _count(self, shard: int, n: int) -> None:
-        if shard:
-            self.per_shard[shard] = self.per_shard.get(shard, 0) + n
+    def _path(self, r: int) -> str:
+        ends = self._col["name_end"]
+        name = self._names[ends[r - 1] if r else 0: ends[r]].decode("utf-8", "surrogatepass")
+        return self.strings[self._col["dir"][r]] + name
+
+    def _index(self):
+        """(sorted hashes, rows) of each path's latest row, and the shard counts, built once per read."""
+        if self._live is None:
+            import numpy as np
+
+            hashes = np.array(self._col["hash"], dtype=np.int64)  # a copy: the arrays keep growing
+            order = np.argsort(hashes, kind="stable")  # equal hashes keep the manifest's order
+            ordered = hashes[order]
+            del hashes
+            keep = np.ones(len(order), dtype=bool)
+            first = order.copy()  # each path's first row: files are listed in the order they first came
+            same = np.flatnonzero(ordered[1:] == ordered[:-1]).tolist()  # i shares its hash with i + 1
+            for lo, hi in _runs(same):  # positions lo..hi share a hash: superseded rows (or a collision)
+                latest, earliest = {}, {}
+                for pos in range(lo, hi + 1):
+                    path = self._path(int(order[pos]))
+                    latest[path] = pos  # later rows replace earlier
+                    earliest.setdefault(path, int(order[pos]))
+                keep[lo: hi + 1] = False
+                for path, pos in latest.items():
+                    keep[pos], first[pos] = True, earliest[path]
+            live = order[keep]
+            small = np.int32 if len(order) < 2**31 else np.int64
+            self._live = (ordered[keep], live.astype(small))
+            self._listed = live[np.argsort(first[keep], kind="stable")].astype(small)
+            del order, ordered, keep, first
+            shard = np.array(self._col["shard"], dtype=np.int64)[live]
+            self._counts = np.bincount(shard, minlength=len(self.strings))
+            self._roots = np.unique(np.array(self._col["root"], dtype=np.int64)[live]).tolist() if len(live) else []
+        return self._live
+
+    def _find(self, path: str) -> int:
+        """The row of `path`'s latest line, or -1 (its folder code and name bytes compared, not rebuilt)."""
+        hashes, rows = self._live or self._index()
+        h = hash(path)
+        i, n = int(hashes.searchsorted(h)), len(hashes)
+        if i == n or hashes[i] != h:
+            return -1
+        cut = path.rfind("/") + 1
+        folder, name = self.codes.get(path[:cut]), path[cut:].encode("utf-8", "surrogatepass")
+        ends, dirs = self._col["name_end"], self._col["dir"]
+        while i < n and hashes[i] == h:  # several only if two paths share a hash
+            r = int(rows[i])
+            if dirs[r] == folder and self._names[ends[r - 1] if r else 0: ends[r]] == name:
+                return r
+            i += 1
+        return -1
+
+    def _live_rows(self) -> Iterator[int]:
+        """Each file's latest row, files in the order they first appear, a chunk at a time (no list of all)."""
+        import numpy as np
+
+        self._index()
+        rows = self._listed
+        for lo in range(0, len(rows), CHUNK):
+            yield from rows[lo: lo + CHUNK].tolist()
+
+    @property
+    def superseded(self) -> int:
+        """Lines a later line for the same path replaces."""
+        return self.lines - self.unreadable - len(self)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._index()[0])
 
     def __contains__(self, path) -> bool:
-        return path in self.rows
+        return self._find(path) >= 0
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.rows)
+        return (self._path(r) for r in self._live_rows())
+
+    def _entry(self, r: int) -> Entry:
+        c, s = self._col, self.strings
+        return Entry(c["size"][r], c["mtime"][r], c["offset"][r], c["tokens"][r], c["index"][r], s[c["shard"][r]],
+                     s[c["status"][r]], s[c["kind"][r]], s[c["root"][r]])
 
     def get(self, path: str) -> Entry | None:
-        packed = self.rows.get(path)
-        if packed is None:
-            return None
-        size, mtime, offset, tokens, index, shard, status, kind, root = _PACK.unpack(packed)
-        s = self.strings
-        return Entry(size, mtime, offset, tokens, index, s[shard], s[status], s[kind], s[root])
+        r = self._find(path)
+        return self._entry(r) if r >= 0 else None
 
     def entries(self) -> Iterator[tuple[str, Entry]]:
-        for path in self.rows:
-            yield path, self.get(path)
+        """(path, latest row) of every file, in the order files first appear; one at a time."""
+        for r in self._live_rows():
+            yield self._path(r), self._entry(r)
 
     def digest(self, path: str) -> str | None:
-        value = self.sha256.get(path)
-        return value.hex() if value is not None else None
+        r = self._find(path)
+        if r < 0 or not self._sha or not self._sha[33 * r]:
+            return None
+        return self._sha[33 * r + 1: 33 * r + 33].hex()
 
     def known_kind(self, path: str, size: int, mtime_ns: int) -> str | None:
         """The kind the latest row records, if that row is for this very size and mtime."""
-        packed = self.rows.get(path)
-        if packed is None:
+        r = self._find(path)
+        if r < 0:
             return None
-        row_size, row_mtime, *_, kind, _root = _PACK.unpack(packed)
-        return self.strings[kind] if (row_size, row_mtime) == (size, mtime_ns) else None
+        c = self._col
+        return self.strings[c["kind"][r]] if (c["size"][r], c["mtime"][r]) == (size, mtime_ns) else None
 
     def same_rel(self, rel: str, size: int) -> Iterator[tuple[str, Entry]]:
         """Latest ok rows of another root with this rel and size: where a moved root's file was."""
-        for code in self.roots:
+        self._index()
+        for code in (c for c in self._roots if c):
             path = os.path.join(self.strings[code], rel)
             entry = self.get(path)
-            if entry is not None and entry.status == "ok" and entry.size == size and entry.root == self.strings[code]:
+            if entry is not None and entry.status == Status.OK and entry.size == size and entry.root == self.strings[code]:
                 yield path, entry
 
     def shards(self) -> set[str]:
         """Shards that some latest row names (a shard only superseded rows name is dead)."""
-        return {self.strings[code] for code, n in self.per_shard.items() if n > 0}
+        self._index()
+        return {self.strings[code] for code in self._counts.nonzero()[0].tolist() if code}
 
     def row(self, path: str) -> dict:
         """The whole latest row, read from its offset."""
         return next(self.rows_at([self.get(path).offset]))
 
-    def rows_at(self, offsets) -> Iterator[dict]:
-        """Rows at these offsets (read in rising order: one pass over the file)."""
-        with open(self.path, "rb") as f:
-            for offset in sorted(offsets):
+    def rows_at(self, offsets, rising: bool = True) -> Iterator[dict]:
+        """Rows at these offsets (read in rising order, one pass over the file; or as given)."""
+        with self._open() as f:
+            for offset in sorted(offsets) if rising else offsets:
                 f.seek(offset)
                 yield json.loads(f.readline())
 
-    def live_offsets(self) -> list[int]:
-        return sorted(_PACK.unpack(p)[2] for p in self.rows.values())
+    def live_offsets(self):
+        """Offsets of the latest lines, rising (a numpy array: 8 bytes a file)."""
+        import numpy as np
+
+        return np.sort(np.array(self._col["offset"], dtype=np.int64)[self._index()[1]])
+
+
+def _runs(positions: list[int]) -> Iterator[tuple[int, int]]:
+    """Rising positions i (each meaning i and i + 1 go together) → (first, last) of each run."""
+    lo = prev = None
+    for i in positions:
+        if lo is None or i != prev + 1:
+            if lo is not None:
+                yield lo, prev + 1
+            lo = i
+        prev = i
+    if lo is not None:
+        yield lo, prev + 1
+
+
+def _fits(value, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and lo <= value < hi
 
 
 def _int(value) -> int:
-    return value if isinstance(value, int) else -1
+    return value if _fits(value, -(1 << 63), 1 << 63) else -1

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping
 from math import prod
 from pathlib import Path
 
 import numpy as np
 
-MANIFEST = "manifest.jsonl"
+from .ledger import MANIFEST, Ledger
+from .rows import Status
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
 
 
@@ -49,51 +51,78 @@ class Shard:
 
 
 class Rows:
-    """The lookups both readers share, over `self.rows` (path → latest row) read from `self.out`."""
+    """The lookups both readers share, over the compact ledger of `self.out`'s manifest.
+
+    Rows are not held as dicts: the ledger keeps each file's latest row in columns (about 100
+    bytes a file) and a whole row is read from its offset when asked for, from the manifest as it
+    was opened (a compaction that replaces the file later does not move the rows under the reader).
+    """
 
     out: Path
-    rows: dict[str, dict]
+    ledger: Ledger
+
+    def _open(self, out) -> None:
+        self.out = Path(out)
+        if not (self.out / MANIFEST).exists():
+            raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
+        self.ledger = Ledger.load(self.out, pin=True)
+
+    @property
+    def rows(self) -> Mapping[str, dict]:
+        """path → latest row (any status), read on demand."""
+        return _RowsView(self)
+
+    def ok_rows(self) -> Iterator[tuple[str, dict]]:
+        """(path, row) of every file that has tokens, in the order of `iter(self)`, one at a time."""
+        offsets = (e.offset for _, e in self.ledger.entries() if e.status == Status.OK)
+        return ((r["path"], r) for r in self.ledger.rows_at(offsets, rising=False))
 
     def __len__(self) -> int:
-        return sum(1 for r in self.rows.values() if r["status"] == "ok")
+        return sum(1 for _, e in self.ledger.entries() if e.status == Status.OK)
 
     def __iter__(self):
-        return (p for p, r in self.rows.items() if r["status"] == "ok")
+        return (p for p, e in self.ledger.entries() if e.status == Status.OK)
 
     def __contains__(self, path) -> bool:
-        row = self.rows.get(os.path.abspath(path))
-        return bool(row and row["status"] == "ok")
+        entry = self.ledger.get(os.path.abspath(path))
+        return bool(entry and entry.status == Status.OK)
 
     def row(self, path) -> dict:
         """The manifest row of `path` (any status); KeyError for a path not in it."""
         key = os.path.abspath(path)
-        if key not in self.rows:
+        if key not in self.ledger:
             raise KeyError(f"{path}: not in {self.out / MANIFEST}")
-        return self.rows[key]
+        return self.ledger.row(key)
 
     def ok_row(self, path) -> dict:
         """The row of a file that has tokens; KeyError saying why for one that has none."""
         row = self.row(path)
-        if row["status"] != "ok":
+        if row["status"] != Status.OK:
             raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
         return row
+
+
+class _RowsView(Mapping):
+    def __init__(self, rows: Rows):
+        self._rows = rows
+
+    def __getitem__(self, path) -> dict:
+        if path not in self._rows.ledger:
+            raise KeyError(path)
+        return self._rows.ledger.row(path)
+
+    def __iter__(self):
+        return iter(self._rows.ledger)
+
+    def __len__(self) -> int:
+        return len(self._rows.ledger)
 
 
 class NumpyEmbeddings(Rows):
     """As shards.Embeddings (`emb[path]`, `frames`, `pooled`, `row`), with numpy float32 arrays."""
 
     def __init__(self, out: str | os.PathLike):
-        self.out = Path(out)
-        if not (self.out / MANIFEST).exists():
-            raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
-        self.rows: dict[str, dict] = {}
-        with open(self.out / MANIFEST, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line from a killed run
-                self.rows[row["path"]] = row
+        self._open(out)
 
     def _shard(self, path) -> tuple[dict, Shard]:
         row = self.ok_row(path)

@@ -18,10 +18,11 @@ from .discover import Item
 from .errors import UsageError
 from .options import Options
 from .ledger import MANIFEST, SHARD_RE, TEMP_RE, Ledger, append_rows, atomic_write, line_of, temp_name
+from .rows import Status
 from .preflight import SETTINGS  # noqa: F401 - kept where the CLI can read it without torch
 
 LOCK = "gemma4enc.lock"
-LOST = "shard_lost"  # a row whose shard went missing or unreadable: always encoded again
+LOST = Status.SHARD_LOST  # a row whose shard went missing or unreadable: always encoded again
 # a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
 # then the rewrite costs no more than the rows appended since the last one
 AUTO_COMPACT_ROWS = 100_000
@@ -210,7 +211,7 @@ def mark_lost(out: Path, shards: set[str], ledger: Ledger) -> list[str]:
     """Rows into these shards are superseded by LOST rows, before any new shard could take a name."""
     if not shards:
         return []
-    offsets = [e.offset for _, e in ledger.entries() if e.status == "ok" and e.shard in shards]
+    offsets = [e.offset for _, e in ledger.entries() if e.status == Status.OK and e.shard in shards]
     rows = [r | {"status": LOST, "error": f"its shard {r['shard']} was missing or unreadable; the next run "
                  "encodes it again", "shard": None, "index": None, "tokens": 0, "frames": 0}
             for r in ledger.rows_at(offsets)]
@@ -237,9 +238,9 @@ def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger |
         if row is None and (adopted := _adopt(item, ledger, options)):
             refreshed.append(adopted)
         elif row is None or row.size != item.size or row.status == LOST or (
-                options.retry_failed and row.status != "ok"):
+                options.retry_failed and row.status != Status.OK):
             todo.append(item)
-        elif options.hash and row.status == "ok" and not item.error:
+        elif options.hash and row.status == Status.OK and not item.error:
             from .workers import sha256
 
             try:

@@ -20,6 +20,7 @@ from .discover import Item
 from .errors import TooManyFailures  # noqa: F401 - raised here, imported from here by the engines
 from .options import Options
 from .plan import Unit, batches
+from .rows import Row, Status
 from .shards import ShardWriter
 from .workers import Decoded, DecodePool
 
@@ -43,7 +44,7 @@ class Summary:
         for r in rows:
             self.files += 1
             self.by_status[r["status"]] = self.by_status.get(r["status"], 0) + 1
-            if r["status"] == "ok":
+            if r["status"] == Status.OK:
                 self.ok += 1
                 self.frames += r["frames"]
             else:
@@ -64,23 +65,16 @@ class Progress:
         pass
 
 
-def base_row(item: Item) -> dict:
-    where = {"root": item.root, "rel": item.rel} if item.rel else {}
-    return {"path": item.path, **where, "kind": item.kind, "size": item.size, "mtime_ns": item.mtime_ns}
-
-
 def ok_row(d: Decoded, frames: list[torch.Tensor]) -> dict:
-    row = base_row(d.item) | {
-        "status": "ok", "error": None, "shard": None, "index": None,
-        "tokens": sum(f.shape[0] for f in frames), "frames": len(frames),
-        "frame_tokens": [f.shape[0] for f in frames], "width": d.width, "height": d.height, **d.video,
-    }
-    return row | ({"sha256": d.sha256} if d.sha256 else {})
+    item = d.item
+    return Row(item.path, item.kind, item.size, item.mtime_ns, Status.OK, tokens=sum(f.shape[0] for f in frames),
+               frames=len(frames), root=item.root if item.rel else None, rel=item.rel,
+               frame_tokens=[f.shape[0] for f in frames], width=d.width, height=d.height, video=d.video,
+               sha256=d.sha256).to_json()
 
 
 def failed_row(item: Item, status: str, message: str) -> dict:
-    return base_row(item) | {"status": status, "error": message, "shard": None, "index": None,
-                             "tokens": 0, "frames": 0}
+    return Row.failed(item, status, message).to_json()
 
 
 class Encoder:
@@ -219,10 +213,10 @@ def _record(window: list[Decoded], tokens: dict, oom: dict, writer: ShardWriter,
     """A window's files, in order, to the writer and the counts."""
     for i, d in enumerate(window):
         frames = None
-        if d.status != "ok":
+        if d.status != Status.OK:
             row = failed_row(d.item, d.status, d.error)
         elif i in oom:
-            row = failed_row(d.item, "oom", oom[i])
+            row = failed_row(d.item, Status.OOM, oom[i])
         else:
             frames = [tokens[(i, f)] for f in range(len(d.patches))]
             row = ok_row(d, frames)

@@ -20,6 +20,7 @@ from .errors import UsageError
 from .ledger import MANIFEST, SHARD_RE, TEMP_RE, Ledger
 from .options import Options
 from .outdir import SETTINGS, running
+from .rows import Status
 
 CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stays small for 1 GB shards
 OFFSETS = ("item_offsets", "frame_offsets", "item_frames")
@@ -98,7 +99,7 @@ def inspect_report(out: Path) -> dict:
         kinds[e.kind] += 1
         tokens += e.tokens
         deleted += not os.path.exists(path)
-        if e.status != "ok" and len(failed) < 20:
+        if e.status != Status.OK and len(failed) < 20:
             failed.append(e.offset)
     named = ledger.shards()
     on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
@@ -122,7 +123,7 @@ def verify(out: Path) -> dict:
         warnings.append(f"{MANIFEST}: {torn} unreadable line(s) (a killed run's; their files are encoded again)")
     by_shard: dict[str, list[int]] = {}  # shard → offsets of the rows that point into it
     for path, e in ledger.entries():
-        if e.status == "ok":
+        if e.status == Status.OK:
             if not e.shard or e.index < 0:
                 problems.append(f"{path}: status ok but no shard/index")
             else:

@@ -56,9 +56,8 @@ def _shard_rows(f, members: list[tuple[int, int, bool]], window: int):
 def pooled_matrix(emb, per_frame: bool = False, window: int = WINDOW):
     """(keys, (N, D) float32): one row per file (its latest), in manifest order; with
     per_frame, one row per sampled video frame (keys (path, frame)), an image keeping one row."""
-    rows = [(p, r) for p, r in emb.rows.items() if r["status"] == "ok"]
     keys, by_shard = [], defaultdict(list)
-    for path, row in rows:
+    for path, row in emb.ok_rows():
         frames = per_frame and row["kind"] == "video"
         by_shard[row["shard"]].append((row["index"], len(keys), frames))
         keys += [(path, k) for k in range(row["frames"])] if frames else [(path, 0) if per_frame else path]

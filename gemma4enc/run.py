@@ -12,6 +12,7 @@ from .errors import TooManyFailures, UsageError, first_lines, reason
 from .ledger import MANIFEST, Ledger
 from .options import Options
 from .outdir import SETTINGS, Lock, describe, maybe_compact, prepare_out, still_to_do, write_settings
+from .rows import Status
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
@@ -50,7 +51,7 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
                 raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
             ledger.refresh()  # only the rows this run appended
             failures = [f"{Path(i.path).name}: {r.status}" for i in todo
-                        if (r := ledger.get(i.path)) and r.status != "ok"]
+                        if (r := ledger.get(i.path)) and r.status != Status.OK]
             note = maybe_compact(out, ledger)
             if note:
                 log(note)

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from ._version import __version__
 from .errors import OutputError, output_error, reason  # noqa: F401 - re-exported
 from .ledger import (MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write,  # noqa: F401 - re-exported
-                     read_manifest, temp_name)
+                     temp_name)
 from .npreader import Rows
 
 if TYPE_CHECKING:
@@ -207,10 +207,7 @@ class Embeddings(Rows):
     """
 
     def __init__(self, out: str | os.PathLike):
-        self.out = Path(out)
-        if not (self.out / MANIFEST).exists():
-            raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
-        self.rows = read_manifest(self.out)
+        self._open(out)
 
     def __getitem__(self, path) -> torch.Tensor:
         row = self.ok_row(path)

@@ -24,6 +24,7 @@ from .decode import DecodeError, decode, prefit
 from .discover import Item
 from .options import Options
 from .patches import Patches, patchify
+from .rows import Status
 
 
 @dataclass
@@ -36,20 +37,18 @@ class Decoded:
     height: int = 0
     video: dict = field(default_factory=dict)  # frame_indices, timestamps and stream facts
     sha256: str | None = None
-    status: str = "ok"
+    status: str = Status.OK
     error: str | None = None
 
 
 def prepare(item: Item, options: Options) -> Decoded:
     """Decode + patchify one file; every failure is caught and kept with the file."""
-    if item.error:  # discovery could not even look at it
-        status = ("not_found" if "not found" in item.error or "symlink" in item.error
-                  else "unsupported" if "not a regular file" in item.error else "unreadable")
-        return Decoded(item, status=status, error=item.error)
+    if item.error:  # discovery could not even look at it, and said why
+        return Decoded(item, status=item.status or Status.UNREADABLE, error=item.error)
     if item.kind == "unknown":
-        return Decoded(item, status="unsupported", error="not an image or video format we know")
+        return Decoded(item, status=Status.UNSUPPORTED, error="not an image or video format we know")
     if item.size == 0:
-        return Decoded(item, status="empty", error="the file is empty (0 bytes)")
+        return Decoded(item, status=Status.EMPTY, error="the file is empty (0 bytes)")
     try:
         digest = sha256(item.path) if options.hash else None
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
@@ -64,16 +63,16 @@ def prepare(item: Item, options: Options) -> Decoded:
         return Decoded(item, frames.images, int(frames.info["width"]), int(frames.info["height"]), video, digest)
     except DecodeError as e:
         if not os.path.exists(item.path):  # decoders word a vanished file as a corrupt one
-            return Decoded(item, status="not_found", error="the file vanished before it was decoded")
+            return Decoded(item, status=Status.NOT_FOUND, error="the file vanished before it was decoded")
         return Decoded(item, status=e.status, error=str(e))
     except FileNotFoundError:
-        return Decoded(item, status="not_found", error="the file vanished before it was decoded")
+        return Decoded(item, status=Status.NOT_FOUND, error="the file vanished before it was decoded")
     except PermissionError as e:
-        return Decoded(item, status="unreadable", error=f"cannot read: {e.strerror or e}")
+        return Decoded(item, status=Status.UNREADABLE, error=f"cannot read: {e.strerror or e}")
     except MemoryError:
-        return Decoded(item, status="too_large", error="decoding it ran out of host memory")
+        return Decoded(item, status=Status.TOO_LARGE, error="decoding it ran out of host memory")
     except Exception as e:  # noqa: BLE001 - a decoder's surprise must cost one file, not the run
-        return Decoded(item, status="decode_error", error=f"{type(e).__name__}: {str(e)[:300]}")
+        return Decoded(item, status=Status.DECODE_ERROR, error=f"{type(e).__name__}: {str(e)[:300]}")
 
 
 def sha256(path: str) -> str:
@@ -107,7 +106,7 @@ def _serve(conn, fn: Callable, options: Options) -> None:
         try:
             result = fn(item, options)
         except Exception as e:  # noqa: BLE001
-            result = Decoded(item, status="decode_error", error=f"{type(e).__name__}: {str(e)[:300]}")
+            result = Decoded(item, status=Status.DECODE_ERROR, error=f"{type(e).__name__}: {str(e)[:300]}")
         conn.send((seq, result))
 
 
@@ -273,7 +272,7 @@ class _Run:
                 if w.conn in ready or w.proc.sentinel in ready:
                     self._collect(w)
                 elif time.monotonic() > w.deadline:
-                    self._replace(w, "timeout", f"decoding took longer than {pool.timeout:g} s "
+                    self._replace(w, Status.TIMEOUT, f"decoding took longer than {pool.timeout:g} s "
                                                 "(--decode-timeout); its worker was stopped")
 
     def _feed(self) -> None:
@@ -329,7 +328,7 @@ class _Run:
         w.proc.join(1)
         code = w.proc.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-        self._replace(w, "decode_error", f"the decoder crashed on this file ({how}); its worker was replaced")
+        self._replace(w, Status.DECODE_ERROR, f"the decoder crashed on this file ({how}); its worker was replaced")
 
     def _replace(self, w: _Worker, status: str, message: str) -> None:
         seq, item = w.task

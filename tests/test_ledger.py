@@ -17,7 +17,7 @@ import gemma4enc
 from gemma4enc import discover as discover_module
 from gemma4enc import outdir
 from gemma4enc.cli import app
-from gemma4enc.ledger import MANIFEST, Ledger
+from gemma4enc.ledger import MANIFEST, Ledger, line_of
 
 from .helpers import BASE, encode, photo, shard_tokens
 
@@ -188,8 +188,8 @@ from gemma4enc.workers import prepare
 
 def probe(item, options):
     before = [m for m in ("torch", "transformers") if m in sys.modules]
-    d = prepare(item, options)
-    d.error = repr(before)
+    d = prepare(item, options)  # decoding and patchifying a photo must not import them either
+    d.error = repr(before + [m for m in ("torch", "transformers") if m in sys.modules])
     return d
 '''
 
@@ -241,3 +241,53 @@ def test_a_compacted_folder_adopts_a_moved_root_and_heals_a_lost_shard(done, ckp
     assert {str(moved / n) for n in ("p0.jpg", "p1.jpg", "p3.jpg", "p4.jpg", "p5.jpg")} <= set(emb)
     assert not any(emb.row(p)["shard"] == victim.name for p in emb)  # old paths' rows into it are lost too
     assert verify_ok(out)
+
+
+def _manifest(out: Path, rows: list[dict]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).write_bytes(b"".join(line_of(r) for r in rows))
+    return out
+
+
+def test_the_ledger_holds_more_than_65535_shard_names(tmp_path):
+    """Codes are 4 bytes: shard names past the 2-byte boundary keep their own status and kind."""
+    n = 70_000
+    rows = [{"path": f"/m/{i}.jpg", "kind": "image", "size": i, "mtime_ns": 1, "status": "ok", "shard": f"s{i}",
+             "index": 0, "tokens": 1} for i in range(n)]
+    rows.append({"path": "/m/last.mp4", "kind": "video", "size": 3, "mtime_ns": 2, "status": "timeout", "shard": None,
+                 "index": None, "tokens": 0})
+    ledger = Ledger.load(_manifest(tmp_path, rows))
+    assert len(ledger) == n + 1 and len(ledger.shards()) == n
+    assert ledger.get("/m/69999.jpg")[:7] == (69999, 1, ledger.get("/m/69999.jpg").offset, 1, 0, "s69999", "ok")
+    assert (ledger.get("/m/last.mp4").status, ledger.get("/m/last.mp4").kind) == ("timeout", "video")
+
+
+def test_paths_that_share_a_hash_stay_apart(tmp_path, monkeypatch):
+    """Lookups compare the stored path, so a hash collision (forced here) mixes no rows up."""
+    from gemma4enc import ledger as module
+
+    monkeypatch.setattr(module, "hash", lambda path: 7, raising=False)
+    rows = [{"path": p, "kind": "image", "size": s, "mtime_ns": 1, "status": "ok", "shard": "a", "index": s,
+             "tokens": 1} for p, s in (("/a/x.jpg", 1), ("/b/y\udcff.jpg", 2), ("/a/x.jpg", 3), ("z", 4))]
+    ledger = Ledger.load(_manifest(tmp_path, rows))
+    assert [(p, e.size) for p, e in ledger.entries()] == [("/a/x.jpg", 3), ("/b/y\udcff.jpg", 2), ("z", 4)]
+    assert ledger.superseded == 1 and ledger.get("/a/y.jpg") is None and "z" in ledger
+    assert list(ledger.live_offsets()) == sorted(e.offset for _, e in ledger.entries())
+
+
+def test_rows_we_did_not_write_are_skipped_whole(tmp_path):
+    rows = [{"path": "/a.jpg", "size": 1, "status": "ok", "tokens": -1}, {"path": 5}, {"path": "/a.jpg", "size": 2,
+            "status": "ok", "index": 2**40}, {"path": "/b.jpg", "size": 3, "status": "ok", "sha256": "00" * 31 + "01"}]
+    ledger = Ledger.load(_manifest(tmp_path, rows))
+    assert (len(ledger), ledger.unreadable, ledger.get("/b.jpg").size) == (1, 3, 3)
+    assert ledger.digest("/b.jpg") == "00" * 31 + "01"
+
+
+def test_roots_walked_lazily_keep_their_own_root_and_rel(tmp_path):
+    """Discovery walks each root as it stats (no list of every path first); each item keeps its own root."""
+    for root, name in (("a", "x.jpg"), ("bb", "y.jpg")):
+        photos(tmp_path / root / "sub", 1)
+        (tmp_path / root / "sub" / "p0.jpg").rename(tmp_path / root / "sub" / name)
+    items, _ = discover_module.discover([str(tmp_path / "a"), str(tmp_path / "bb")])
+    got = [(Path(i.root).name, i.rel) for i in items if i.rel]
+    assert got == [("a", "sub/x.jpg"), ("bb", "sub/y.jpg")]

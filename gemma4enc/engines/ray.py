@@ -36,6 +36,7 @@ from ..discover import Item
 from ..errors import OutputError, UsageError
 from ..options import Options
 from ..pipeline import Progress, Summary, failed_row
+from ..rows import Status
 from ..shards import MANIFEST, SHARD_RE, append_rows, output_error
 from . import Run
 
@@ -241,7 +242,7 @@ def encode(todo: list[Item], run: Run) -> Summary:
                 run.log(f"{len(lost)} task(s) did not come back; trying their {len(files)} file(s) one by one")
                 lost = driver.round(make_tasks(files, 1))
             if lost:
-                driver.record([failed_row(_items(t)[0], "worker_died" if t["error"] == DIED else "error", t["error"])
+                driver.record([failed_row(_items(t)[0], Status.WORKER_DIED if t["error"] == DIED else Status.ERROR, t["error"])
                                for t in lost], 0)
         finally:
             driver.progress.close()
