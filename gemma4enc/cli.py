@@ -62,7 +62,7 @@ Seek = Annotated[str, typer.Option("--seek", help="exact (each sampled frame as 
 Batching = Annotated[str, typer.Option(help="auto, serial (one item per call), bucket (same patch count) or pack (any size).")]
 MemFraction = Annotated[float, typer.Option("--memory-fraction", help="Share of free accelerator memory a batch may use.")]
 MaxPatches = Annotated[Optional[int], typer.Option("--max-batch-patches", help="Patches per tower call (overrides the memory model).")]
-Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the encoder's layers for serial and bucket calls (~10 s; 1.3–1.5× on a CPU with AMX).")]
+Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the encoder's layers for serial and bucket calls (compiling takes seconds; faster on a CPU with AMX, see docs/benchmarks.md).")]
 ShardSize = Annotated[str, typer.Option("--shard-size", help="Target shard size: bytes, or with a unit: 256MB, 1.5G (K, M, G = 10³, 10⁶, 10⁹), 1GiB (2³⁰).")]
 OutDtype = Annotated[str, typer.Option("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")]
 FilesFrom = Annotated[Optional[str], typer.Option("--files-from", help="Read paths to encode from this file, one per line ('-' = stdin).")]

@@ -150,8 +150,8 @@ UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4:
            5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
            8: Image.Transpose.ROTATE_90}
 # --resize fast, formats without a reduced decode: box-shrink by k only while the image stays
-# this many times its target, then bicubic. Measured on 12 MP camera-like photos at 70–1120
-# tokens (benchmarks/decode.py): ≥ 2× keeps ≥ 53 dB PSNR against exact; 1.1–1.2× fell to 46–48.
+# this many times its target, then bicubic: a smaller margin let the box's blur through and fell
+# towards the 45 dB floor (benchmarks/decode.py on 12 MP photos; figures in docs/benchmarks.md).
 REDUCE_MARGIN = 2.0
 
 
@@ -195,8 +195,8 @@ def _same(frame):
 
 
 # --resize fast, videos: a frame is box-averaged by a whole factor first while the processor's
-# bicubic that follows still shrinks it by at least this much (1080p → 70 tokens: 47 dB PSNR of
-# exact, 5 of 12 ms saved per frame; with the bicubic shrinking only 1.7× after it, 39 dB)
+# bicubic that follows still shrinks it by at least this much; below it the box's blur shows and
+# the frame falls under the 45 dB floor (benchmarks/video_decode.py; docs/benchmarks.md)
 PREFIT_GAP = 1.8
 
 

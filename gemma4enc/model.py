@@ -51,7 +51,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def dtype_name(name: str, device: torch.device) -> str:
     """--dtype: auto is bfloat16 where the device multiplies it natively (CUDA, x86 CPUs with
-    AMX: 2.3–2.6× float32 there, docs/benchmarks.md), float32 elsewhere. bfloat16 is also what the released
+    AMX: faster than float32 there, docs/benchmarks.md), float32 elsewhere. bfloat16 is also what the released
     checkpoints hold and what transformers loads them in by default."""
     if name != "auto":
         return name

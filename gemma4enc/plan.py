@@ -55,7 +55,7 @@ def batches(units: list[Unit], mode: str, max_patches: int) -> list[list[Unit]]:
 def resolve_batching(mode: str, device: torch.device, attention: bool = True) -> str:
     """auto: what `gemma4enc bench` measured fastest. On an accelerator, packs (one launch for
     many items, no padding); on the CPU one item per call: batching buys no FLOPs there and
-    larger working sets cost cache (serial 1.13× pack, 1.75× hf-padded, docs/benchmarks.md).
+    larger working sets cost cache (serial beat pack and hf-padded, docs/benchmarks.md).
     A tower without attention (the unified model) takes packs everywhere: one call over as many
     patches as the budget allows, nothing to pad or mask."""
     if mode != "auto":

@@ -125,8 +125,8 @@ def _clipped_forward(module, in_lo: float, in_hi: float, out_lo: float, out_hi: 
 
 class ScalarClips:
     """Gemma4ClippableLinear clamps with 0-dim tensor bounds, a slow path in torch: on the CPU
-    a (2520, 3072) clamp takes 6.7 ms that way, 1.8 ms with float bounds and 0.6 ms in place,
-    and the clamps were 15 % of the tower's CPU time. The same values with the bounds read
+    a clamp with tensor bounds is several times slower than with float bounds or in place, and
+    the clamps were a visible share of the tower's CPU time (docs/benchmarks.md). The same values with the bounds read
     once as Python floats (exact: they are the buffers' own values). `stock()` puts the
     transformers forward back (the benchmark's hf-padded baseline runs the stock modules)."""
 
@@ -179,8 +179,8 @@ class Tower:
     def compile(self) -> "Tower":
         """--compile: same-size stacks (serial, bucket) go through torch.compile'd layers. The
         layers are alike, so one graph serves all of them and every patch count (dynamic shapes):
-        6–10 s of compiling for E2B's 16 layers, where the whole encoder took 85–200 s. On a CPU
-        with AMX it fuses the bfloat16 elementwise steps, ~45 % of the time there: 1.3–1.5× (docs/benchmarks.md).
+        seconds of compiling, small beside a long run. On a CPU with AMX it fuses the bfloat16
+        elementwise steps, a large share of the time there (figures in docs/benchmarks.md).
         Packs stay eager: their per-item attention would be a graph break in every layer."""
         self._compiled = [torch.compile(layer, dynamic=True) for layer in self.vision.encoder.layers]
         return self
