@@ -245,6 +245,7 @@ def encode(
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     from .discover import discover
     from .ledger import Ledger
+    from .outdir import Unchanged
     from .preflight import no_effect, remembered
 
     import time
@@ -282,12 +283,14 @@ def encode(
         if not roots and not files_from:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
         ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
+        unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
         items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null, str(out),
-                                  known=ledger.known_kind)
+                                  known=unchanged.known)
         from .run import encode_files  # torch and the rest: only once the flags are known to be good
 
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet, say),
-                              log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite, ledger=ledger)
+                              log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite, ledger=ledger,
+                              unchanged=unchanged)
         shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
         say(f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}", stamp=True)
     except BaseException as e:  # noqa: BLE001 - the one line Command prints goes to --log-file too
@@ -341,6 +344,7 @@ def plan(
     from .discover import discover
 
     from .ledger import Ledger
+    from .outdir import Unchanged
 
     options = Options(image_tokens=image_tokens, video_tokens=video_tokens,
                       sampling=_sampling(frames, fps, max_frames), out_dtype=out_dtype)
@@ -351,8 +355,9 @@ def plan(
         else:
             typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
     ledger = Ledger.load(out) if out else None
+    unchanged = Unchanged(ledger, Options()) if ledger else None  # as a run without --hash decides
     items, skipped = discover(found, files_from, include or [], exclude or [], hidden, null,
-                              str(out) if out else None, known=ledger.known_kind if ledger else None)
+                              str(out) if out else None, known=unchanged.known if ledger else None)
     todo = _not_done(items, ledger) if ledger else items
     if model:
         from .model import find_checkpoint
@@ -362,7 +367,7 @@ def plan(
 
     report = plan_report(todo, options, hidden_size)
     if ledger:
-        report["done_before"] = len(items) - len(todo)
+        report["done_before"] = len(items) + len(unchanged) - len(todo)
     report["skipped_not_media"] = skipped
     if json_out:
         typer.echo(json.dumps(report, indent=2))

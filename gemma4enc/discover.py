@@ -63,21 +63,26 @@ def kind_of(path: str, head: bytes) -> str:
     return "unknown"
 
 
-# (path, size, mtime_ns) → the kind its manifest row records, or None: such a file is not opened
+# (path, size, mtime_ns) → the kind its manifest row records, or None: such a file is not opened;
+# or DONE: nothing is left to do for it, and it is not even kept (outdir.Unchanged counts it)
 Known = Callable[[str, int, int], "str | None"]
+DONE = object()  # a marker, compared by identity (no kind string can be it)
 
 
-def look(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None) -> Item:
+def look(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None) -> Item | None:
     """stat + sniff one path; failures become an Item with `error`, never an exception.
 
     A file `known` recognises (same size and mtime as its row) is only stat'ed: a re-run over
-    a million known files costs a million stats, not a million opens. `root`/`rel`: where a
-    walk found it, kept on the Item (also on a failed one)."""
+    a million known files costs a million stats, not a million opens; one it calls DONE gives
+    None: ten million of them cost no Item each. `root`/`rel`: where a walk found it, kept on
+    the Item (also on a failed one)."""
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
             return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel, Status.UNSUPPORTED)
         kind = known(path, st.st_size, st.st_mtime_ns) if known else None
+        if kind is DONE:
+            return None
         if kind:
             return Item(path, kind, st.st_size, st.st_mtime_ns, None, root, rel)
         with open(path, "rb") as f:
@@ -157,7 +162,7 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     so an unsupported one gets a row saying so; files found by walking are kept only when
     they look like media. A listed folder is walked like a root; OUT is never walked.
     With `null` the list's names end in NUL bytes (find -print0): a name may hold a newline.
-    `known`: see look().
+    `known`: see look(); the files it calls DONE are left out of the list.
     """
     named: list[str] = []
     walked = []  # per root: (path, path relative to its root: what globs see, root), walked lazily
@@ -182,6 +187,8 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
         if (include or exclude) and not _matches(rel, include, exclude):
             continue
         item = look(path, known, root, None if root is None else rel)
+        if item is None:
+            continue  # done already: `known` counted it
         if item.kind == "unknown" and not explicit:
             skipped += 1
             continue

@@ -223,9 +223,7 @@ class Ledger:
             self._sha += b"\x01" + bytes.fromhex(digest) if digest else bytes(33)
 
     def _path(self, r: int) -> str:
-        ends = self._col["name_end"]
-        name = self._names[ends[r - 1] if r else 0: ends[r]].decode("utf-8", "surrogatepass")
-        return self.strings[self._col["dir"][r]] + name
+        return _path_in(self._col, self._names, self.strings, r)
 
     def _index(self):
         """(sorted hashes, rows) of each path's latest row, and the shard counts, built once per read."""
@@ -320,11 +318,40 @@ class Ledger:
 
     def known_kind(self, path: str, size: int, mtime_ns: int) -> str | None:
         """The kind the latest row records, if that row is for this very size and mtime."""
+        r = self.match(path, size, mtime_ns)
+        return self.strings[self._col["kind"][r]] if r >= 0 else None
+
+    def match(self, path: str, size: int, mtime_ns: int) -> int:
+        """The row of `path`'s latest line if it is for this very size and mtime, else -1.
+
+        A row number names one readable manifest line while the file only grows: see status_at, kind_at, live."""
         r = self._find(path)
-        if r < 0:
-            return None
-        c = self._col
-        return self.strings[c["kind"][r]] if (c["size"][r], c["mtime"][r]) == (size, mtime_ns) else None
+        return r if r >= 0 and (self._col["size"][r], self._col["mtime"][r]) == (size, mtime_ns) else -1
+
+    def status_at(self, r: int) -> str | None:
+        return self.strings[self._col["status"][r]]
+
+    def kind_at(self, r: int) -> str | None:
+        return self.strings[self._col["kind"][r]]
+
+    @property
+    def rows_read(self) -> int:
+        """Rows in the columns: the lines read less the unreadable ones (row numbers run below it)."""
+        return len(self._col["offset"])
+
+    def live(self):
+        """One bool per row read: whether it is its path's latest row (numpy, a byte a line)."""
+        import numpy as np
+
+        mask = np.zeros(self.rows_read, dtype=bool)
+        mask[self._index()[1]] = True
+        return mask
+
+    def path_reader(self):
+        """r → (path, root it records) of the lines read so far, from these very columns: still
+        readable after a refresh that starts over on a replaced manifest (they are then kept)."""
+        col, names, strings = self._col, self._names, self.strings
+        return lambda r: (_path_in(col, names, strings, r), strings[col["root"][r]])
 
     def same_rel(self, rel: str, size: int) -> Iterator[tuple[str, Entry]]:
         """Latest ok rows of another root with this rel and size: where a moved root's file was."""
@@ -356,6 +383,11 @@ class Ledger:
         import numpy as np
 
         return np.sort(np.array(self._col["offset"], dtype=np.int64)[self._index()[1]])
+
+
+def _path_in(col: dict, names: bytearray, strings: list, r: int) -> str:
+    ends = col["name_end"]
+    return strings[col["dir"][r]] + names[ends[r - 1] if r else 0: ends[r]].decode("utf-8", "surrogatepass")
 
 
 def _runs(positions: list[int]) -> Iterator[tuple[int, int]]:

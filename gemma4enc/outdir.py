@@ -14,7 +14,7 @@ import socket
 import time
 from pathlib import Path
 
-from .discover import Item
+from .discover import DONE, Item, look
 from .errors import UsageError
 from .options import Options
 from .ledger import MANIFEST, SHARD_RE, TEMP_RE, Ledger, append_rows, atomic_write, line_of, temp_name
@@ -221,6 +221,59 @@ def mark_lost(out: Path, shards: set[str], ledger: Ledger) -> list[str]:
         return []
     return [f"{len(shards)} shard(s) missing or unreadable ({', '.join(sorted(shards)[:3])}): "
             f"their {len(rows)} file(s) are encoded again"]
+
+
+class Unchanged:
+    """The files discovery found with nothing to do, kept as one byte per ledger row, not an Item each.
+
+    `known` is discovery's Known: a file whose latest row is for its size and mtime, and that
+    still_to_do would leave alone (not lost, not failed under --retry-failed, not to be hashed),
+    is marked on that row and dropped, so a re-run over ten million files keeps only the few to do.
+    Discovery runs before the lock; under it, once the ledger has read what was appended since (the
+    repair's lost rows, another run's), `again` gives back as Items the marked files whose row is
+    no longer the latest, to be decided anew.
+    """
+
+    def __init__(self, ledger: Ledger, options: Options):
+        self.ledger, self.options = ledger, options
+        self.rows = bytearray(ledger.rows_read)  # 1: found unchanged (row numbers of this read)
+        self.ino, self.read = ledger.ino, ledger.rows_read
+        self.path_of = ledger.path_reader()  # still readable if a compaction replaces the manifest
+
+    def known(self, path: str, size: int, mtime_ns: int):
+        r = self.ledger.match(path, size, mtime_ns)
+        if r < 0:
+            return None
+        status = self.ledger.status_at(r)
+        if status == LOST or (self.options.retry_failed and status != Status.OK) or (
+                self.options.hash and status == Status.OK):
+            return self.ledger.kind_at(r)  # still_to_do decides (and hashes): not opened, kept
+        self.rows[r] = 1
+        return DONE
+
+    def __len__(self) -> int:
+        return self.rows.count(1)
+
+    def again(self, items: list[Item]) -> list[Item]:
+        """`items` with the marked files whose row was superseded since discovery, in path order."""
+        ledger = self.ledger
+        if ledger.ino == self.ino and ledger.rows_read == self.read:
+            return items  # nothing read since: every mark stands (a no-op run's case)
+        import numpy as np
+
+        marked = np.frombuffer(self.rows, dtype=np.uint8).astype(bool)
+        if ledger.ino == self.ino:  # rows appended: the marks whose row is no longer its path's latest
+            marked &= ~ledger.live()[:self.read]
+        back = []
+        for r in np.flatnonzero(marked).tolist():  # or every mark, where the manifest was replaced
+            self.rows[r] = 0
+            path, root = self.path_of(r)
+            rel = path[len(root):].lstrip(os.sep) if root else None
+            back.append(look(path, None, root, rel))
+        if not back:
+            return items
+        merged = {i.path: i for i in back} | {i.path: i for i in items}  # one Item a path, as discover keeps
+        return sorted(merged.values(), key=lambda i: i.path)
 
 
 def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger | None = None) -> list[Item]:

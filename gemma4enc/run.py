@@ -11,15 +11,17 @@ from .engines import Run
 from .errors import TooManyFailures, UsageError, first_lines, reason
 from .ledger import MANIFEST, Ledger
 from .options import Options
-from .outdir import SETTINGS, Lock, describe, maybe_compact, prepare_out, still_to_do, write_settings
+from .outdir import SETTINGS, Lock, Unchanged, describe, maybe_compact, prepare_out, still_to_do, write_settings
 from .rows import Status
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
-                 ledger: Ledger | None = None) -> dict:
+                 ledger: Ledger | None = None, unchanged: Unchanged | None = None) -> dict:
     """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints.
 
     `ledger`: OUT's manifest as discovery read it (read on here, not again from the start).
+    `unchanged`: the files discovery left out of `items` as done (counted, looked at again if
+    their rows changed meanwhile).
     """
     from .preflight import preflight
 
@@ -40,11 +42,14 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
             ledger = ledger or Ledger(out)
             for note in prepare_out(out, options, overwrite, extra, ledger):
                 log(note)
+            if unchanged is not None:
+                items = unchanged.again(items)
             todo = still_to_do(items, out, options, ledger)
+            found = len(items) + len(unchanged or ())  # the files discovery found, done ones counted only
             if todo and light:
                 options, extra = preflight(options)  # now the model will load: find it, check the devices
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
-            run = Run(out, options, bar, log, done=len(items) - len(todo), ready=ready)
+            run = Run(out, options, bar, log, done=found - len(todo), ready=ready)
             try:
                 summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not light)
             except TooManyFailures as e:
@@ -62,7 +67,7 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     if failures:
         log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
     return {
-        "out": str(out), "files": len(items), "done_before": len(items) - len(todo), "encoded": summary.ok,
+        "out": str(out), "files": found, "done_before": found - len(todo), "encoded": summary.ok,
         "failed": summary.failed, "by_status": summary.by_status, "frames": summary.frames,
         "tokens": summary.tokens, "patches": summary.patches, "seconds": round(summary.seconds, 3),
         "items_per_s": round(summary.files / summary.seconds, 3) if summary.seconds else None,

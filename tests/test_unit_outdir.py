@@ -17,7 +17,8 @@ from gemma4enc.discover import Item, discover
 from gemma4enc.ledger import MANIFEST, append_rows
 from gemma4enc.options import Options
 from gemma4enc.errors import UsageError
-from gemma4enc.outdir import prepare_out, repair, still_to_do, write_settings
+from gemma4enc.ledger import Ledger
+from gemma4enc.outdir import Unchanged, compact, prepare_out, repair, still_to_do, write_settings
 from gemma4enc.shards import ShardWriter
 
 from .helpers import photo
@@ -104,6 +105,66 @@ def test_a_file_under_a_moved_root_adopts_its_row(media, tmp_path):
     assert {k: adopted[0][k] for k in ("path", "root", "rel", "shard", "index", "tokens")} == {
         "path": str(media / "a.png"), "root": str(media), "rel": "a.png", "shard": "shard-000004.safetensors",
         "index": 0, "tokens": 9}
+
+
+def test_discovery_keeps_only_what_is_left_to_do_and_counts_the_rest(media, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    p = {n: media / f"{n}.png" for n in "abcdefghij"}
+    append_rows(out, [
+        row_for(p["a"]), row_for(p["g"]), row_for(p["h"]), row_for(p["i"]),  # done, unchanged
+        row_for(p["b"], size=1), row_for(p["c"], mtime_ns=1),  # changed
+        row_for(p["e"], status="decode_error"),  # failed, unchanged: done unless --retry-failed
+        row_for(p["f"], status="shard_lost"),  # lost: always again
+        row_for(p["a"]), {"path": 7},  # a repeated row; a line the ledger cannot use (rows ≠ lines)
+    ])  # d and j: no row
+    everything = discover([str(media)])[0]
+    for options, kept, counted in [
+            (Options(), "bcdfj", 5), (Options(retry_failed=True), "bcdefj", 4), (Options(hash=True), "abcdfghij", 1)]:
+        unchanged = Unchanged(Ledger.load(out), options)
+        items, _ = discover([str(media)], known=unchanged.known)
+        assert "".join(n[0] for n in names(items)) == kept and len(unchanged) == counted
+        assert items == sorted(items, key=lambda i: i.path)  # the order files are processed in
+        whole = still_to_do(everything, out, options)
+        assert names(still_to_do(items, out, options)) == names(whole)  # the same decision, from fewer Items
+        assert names(unchanged.again(items)) == names(items)  # nothing read since: the marks stand
+
+
+def test_a_file_counted_done_is_decided_again_when_its_row_changes_before_the_lock(tmp_path):
+    out = tmp_path / "out"
+    media = tmp_path / "media"
+    media.mkdir()
+    for i in range(3):
+        photo(20, 20 + i, seed=i).save(media / f"{i}.png")
+    writer = ShardWriter(out, "float32", {"model": "test"})
+    for i, path in enumerate(sorted(media.iterdir())):
+        writer.add(row_for(path, root=str(media), rel=path.name, tokens=3, frames=1), [torch.full((3, 4), float(i))])
+    writer.close()
+    extra = tmp_path / "one.png"  # a named file: its row records no root
+    photo(21, 21).save(extra)
+    append_rows(out, [row_for(extra)])
+    ledger = Ledger.load(out)
+    unchanged = Unchanged(ledger, Options())
+    items, _ = discover([str(media), str(extra)], known=unchanged.known)
+    assert items == [] and len(unchanged) == 4
+    (out / "shard-000000.safetensors").unlink()  # before the lock: the repair marks its files lost
+    repair(out, ledger)
+    back = unchanged.again(items)
+    assert [(os.path.basename(i.path), i.root, i.rel) for i in back] == [
+        (f"{i}.png", str(media), f"{i}.png") for i in range(3)]  # as discovery would have made them
+    assert names(still_to_do(back, out, Options(), ledger)) == ["0.png", "1.png", "2.png"]
+    assert len(unchanged) == 1  # one.png still counted, no longer the other three
+
+    unchanged = Unchanged(ledger, Options())  # now: another run compacts the manifest (a new file)
+    items, _ = discover([str(media), str(extra)], known=unchanged.known)
+    assert [os.path.basename(i.path) for i in items] == ["0.png", "1.png", "2.png"] and len(unchanged) == 1
+    compact(out, Ledger(out))
+    ledger.refresh()
+    back = unchanged.again(items)
+    assert [(os.path.basename(i.path), i.root, i.rel) for i in back] == [
+        ("0.png", str(media), "0.png"), ("1.png", str(media), "1.png"), ("2.png", str(media), "2.png"),
+        ("one.png", None, None)]
+    assert len(unchanged) == 0 and names(still_to_do(back, out, Options(), ledger)) == ["0.png", "1.png", "2.png"]
 
 
 def written(out: Path, n: int) -> list[str]:
