@@ -378,6 +378,27 @@ class Ledger:
                 f.seek(offset)
                 yield json.loads(f.readline())
 
+    def ok_by_shard(self) -> tuple[dict, list[str]]:
+        """(shard → rising offsets of the ok latest rows in it, as numpy arrays; paths of ok rows that
+        name no shard or index): what verify checks, 8 bytes an encoded file, no Python int each."""
+        import numpy as np
+
+        self._index()
+        rows, c = self._listed, self._col
+        shard = np.array(c["shard"], dtype=np.uint32)[rows]
+        code = self.codes.get(Status.OK)  # None: no row is ok
+        ok = np.array(c["status"], dtype=np.uint32)[rows] == code if code else np.zeros(len(rows), dtype=bool)
+        placed = (shard != 0) & (np.array(c["index"], dtype=np.int32)[rows] >= 0)
+        unplaced = [self._path(int(r)) for r in rows[ok & ~placed].tolist()]
+        keep = ok & placed
+        shard, offsets = shard[keep], np.array(c["offset"], dtype=np.int64)[rows[keep]]
+        del keep, ok, placed
+        order = np.lexsort((offsets, shard))  # by shard, then offset
+        shard, offsets = shard[order], offsets[order]
+        starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]]) if len(shard) else np.zeros(0, dtype=np.int64)
+        ends = np.r_[starts[1:], len(shard)]
+        return {self.strings[int(shard[a])]: offsets[a:b] for a, b in zip(starts.tolist(), ends.tolist())}, unplaced
+
     def live_offsets(self):
         """Offsets of the latest lines, rising (a numpy array: 8 bytes a file)."""
         import numpy as np

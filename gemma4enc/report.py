@@ -121,13 +121,8 @@ def verify(out: Path) -> dict:
     torn = ledger.unreadable + (ledger.path.stat().st_size > ledger.end)
     if torn:
         warnings.append(f"{MANIFEST}: {torn} unreadable line(s) (a killed run's; their files are encoded again)")
-    by_shard: dict[str, list[int]] = {}  # shard → offsets of the rows that point into it
-    for path, e in ledger.entries():
-        if e.status == Status.OK:
-            if not e.shard or e.index < 0:
-                problems.append(f"{path}: status ok but no shard/index")
-            else:
-                by_shard.setdefault(e.shard, []).append(e.offset)
+    by_shard, unplaced = ledger.ok_by_shard()  # shard → offsets of the rows that point into it (numpy)
+    problems += [f"{path}: status ok but no shard/index" for path in unplaced]
     on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
     missing = sorted(set(by_shard) - on_disk)
     orphans = sorted(on_disk - set(by_shard))
@@ -141,7 +136,7 @@ def verify(out: Path) -> dict:
     tokens = 0
     bad = set(missing)
     for name in sorted(set(by_shard) & on_disk):
-        found, n = check_shard(out / name, list(ledger.rows_at(by_shard[name])), settings)
+        found, n = check_shard(out / name, list(ledger.rows_at(by_shard[name].tolist(), rising=False)), settings)
         problems += [f"{name}: {p}" for p in found]
         tokens += n
         bad |= {name} if found else set()

@@ -85,6 +85,21 @@ def test_only_changed_files_are_opened_and_encoded(done, ckpt, monkeypatch):
     assert set(after) == set(before) | changed
 
 
+def test_verify_groups_the_ok_rows_by_shard_in_arrays(tmp_path):
+    rows = [("/a", "ok", "s1", 0), ("/b", "ok", "s2", 0), ("/c", "ok", "s1", 1), ("/d", "ok", None, None),
+            ("/e", "decode_error", None, None), ("/f", "ok", "s2", 1), ("/f", "shard_lost", None, None),
+            ("/g", "ok", "s1", -1), ("/a", "ok", "s1", 2)]  # /f lost, /a's later row wins
+    lines = [line_of({"path": p, "size": 1, "mtime_ns": 1, "kind": "image", "status": st, "shard": sh, "index": i})
+             for p, st, sh, i in rows]
+    (tmp_path / MANIFEST).write_bytes(b"".join(lines))
+    at = [sum(map(len, lines[:k])) for k in range(len(lines))]
+    by_shard, unplaced = Ledger.load(tmp_path).ok_by_shard()
+    assert {k: v.tolist() for k, v in by_shard.items()} == {"s1": [at[2], at[8]], "s2": [at[1]]}
+    assert unplaced == ["/d", "/g"]
+    (tmp_path / MANIFEST).write_bytes(lines[4])
+    assert Ledger.load(tmp_path).ok_by_shard() == ({}, [])  # no ok row at all
+
+
 def test_ledger_reads_on_and_starts_over(tmp_path):
     out = tmp_path
     (out / MANIFEST).write_bytes(b'{"path": "/a", "size": 1, "mtime_ns": 2, "status": "ok", "kind": "image"}\n'
