@@ -29,7 +29,13 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     log = log or (lambda message: None)
     # a re-run into a folder a loaded model made checks the model and devices only if there is work
     light = not overwrite and (out / SETTINGS).exists()
-    options, extra = preflight(options, light=light)  # before OUT is touched
+    pool = early_pool(items, options, light)
+    try:
+        options, extra = preflight(options, light=light)  # before OUT is touched
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
     if options.dtype == "auto":  # decided once: recorded and used alike (a Ray run's driver decides)
         from .model import resolve_dtype
 
@@ -49,7 +55,7 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
             if todo and light:
                 options, extra = preflight(options)  # now the model will load: find it, check the devices
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
-            run = Run(out, options, bar, log, done=found - len(todo), ready=ready)
+            run = Run(out, options, bar, log, done=found - len(todo), ready=ready, pool=pool)
             try:
                 summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not light)
             except TooManyFailures as e:
@@ -64,6 +70,9 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # the folder this run made for nothing
         raise
+    finally:
+        if pool is not None:
+            pool.close()  # workers no map() took (the run ended before decoding); the engine stops its own
     if failures:
         log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
     return {
@@ -74,6 +83,19 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
         "patches_per_s": round(summary.patches / summary.seconds, 1) if summary.seconds else None,
         "engine": options.engine, **summary.where,
     }
+
+
+def early_pool(items: list[Item], options: Options, light: bool):
+    """Decode workers started before preflight imports torch (~2 s), for a run that surely has work:
+    a new or --overwrite output folder (no settings yet, so no rows to match) and files to encode,
+    on the local engine. The first photo is then decoded by the time the model has loaded.
+    Preflight changes only the model path and dtype, which decoding does not read. A re-run
+    (settings there) may have nothing to do: its workers start in the engine, once todo is known."""
+    if light or not items or options.engine != "local" or options.workers == 0:
+        return None
+    from .workers import DecodePool
+
+    return DecodePool(options, options.workers, options.decode_timeout).start()
 
 
 @contextlib.contextmanager

@@ -230,6 +230,29 @@ def test_decode_workers_start_without_torch_or_transformers(tmp_path, monkeypatc
     assert {r.error for r in results} == {"[]"}
 
 
+def test_a_fresh_run_starts_its_workers_before_torch_loads_and_closes_them(ckpt, tmp_path, monkeypatch):
+    """A new output folder surely has work: its decode workers start before preflight (which imports
+    torch) and the engine takes them over; a bad model still leaves no worker behind."""
+    from gemma4enc import preflight as preflight_module
+    from gemma4enc import workers
+
+    events = []
+    real_start, real_preflight, real_map = workers.DecodePool.start, preflight_module.preflight, workers.DecodePool.map
+    monkeypatch.setattr(workers.DecodePool, "start", lambda pool: events.append("start") or real_start(pool))
+    monkeypatch.setattr(workers.DecodePool, "map", lambda pool, items: events.append("map") or real_map(pool, items))
+    monkeypatch.setattr(preflight_module, "preflight", lambda *a, **k: events.append("preflight") or real_preflight(*a, **k))
+    media = photos(tmp_path / "media", 2)
+    result = encode([media, "-o", tmp_path / "out", "--model", ckpt, *BASE])
+    assert result.exit_code == 0 and json.loads(result.stdout)["encoded"] == 2, result.output
+    assert events == ["start", "preflight", "map"]  # one pool, started first, used by the engine
+    events.clear()
+    bad = encode([media, "-o", tmp_path / "out2", "--model", tmp_path / "no-model", *BASE])
+    assert bad.exit_code != 0 and events == ["start", "preflight"]
+    import multiprocessing
+
+    assert not [p for p in multiprocessing.active_children() if p.name == "gemma4enc-decode"]
+
+
 def test_a_compacted_folder_adopts_a_moved_root_and_heals_a_lost_shard(done, ckpt, tmp_path):
     """Compaction (rows copied, some moved to rewritten shards) keeps what adoption and healing need."""
     media, out, before, _ = done

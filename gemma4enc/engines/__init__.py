@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..options import Options
+
+if TYPE_CHECKING:
+    from ..workers import DecodePool
 
 
 @dataclass(frozen=True)
@@ -22,4 +25,5 @@ class Run:
     log: Callable[[str], None]  # one message line for the user
     done: int  # files already done in OUT before this run, for the first log line
     ready: Callable[[], None] = lambda: None  # call once the model is known good: records OUT's settings
+    pool: DecodePool | None = None  # decode workers the caller started early (local engine), else the engine's own
 

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 def encode(todo: list[Item], run: Run) -> Summary:
     """Encode `todo` with one tower per device; rows land in OUT's manifest as shards are written."""
     options = run.options
-    pool = DecodePool(options, options.workers, options.decode_timeout).start()  # they start while the model loads
+    # they start while the model loads (or earlier, while torch imports: see run.early_pool)
+    pool = run.pool or DecodePool(options, options.workers, options.decode_timeout).start()
     try:
         return _encode_with(pool, todo, run)
     finally:
