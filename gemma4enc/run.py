@@ -86,7 +86,7 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
 
 
 def early_pool(items: list[Item], options: Options, light: bool):
-    """Decode workers started before preflight imports torch (~2 s), for a run that surely has work:
+    """Decode workers started before preflight imports torch (seconds), for a run that surely has work:
     a new or --overwrite output folder (no settings yet, so no rows to match) and files to encode,
     on the local engine. The first photo is then decoded by the time the model has loaded.
     Preflight changes only the model path and dtype, which decoding does not read. A re-run
