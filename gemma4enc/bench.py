@@ -42,23 +42,43 @@ def default_patches(dev: torch.device) -> int:
 def random_tower(size: str, layers: int | None, device: torch.device, dtype: torch.dtype) -> Tower:
     if SIZES[size].get("unified"):
         return random_unified(SIZES[size], device, dtype)  # no layers: `layers` does not apply
-    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
-    from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
-
     from .demo import randomize_
-    from .model import place
+    from .vision import Embedder, VisionConfig, VisionModel
 
     spec = dict(SIZES[size])
-    text = Gemma4TextConfig(hidden_size=spec.pop("text"), num_hidden_layers=1, vocab_size=8,
-                            vocab_size_per_layer_input=8)
+    text = spec.pop("text")
     if layers:
         spec["num_hidden_layers"] = layers
-    vcfg = Gemma4VisionConfig(**spec)
-    vcfg._attn_implementation = "sdpa"
-    vision, embed = Gemma4VisionModel(vcfg).eval(), Gemma4MultimodalEmbedder(vcfg, text).eval()
+    config = VisionConfig.from_dict(spec)
+    vision, embed = VisionModel(config), Embedder(config, text)
     randomize_(vision, 0)
     randomize_(embed, 1)
-    return Tower(*place(vision, embed, device, dtype), device, dtype)
+    return Tower(vision.place(device, dtype), embed.to(device=device, dtype=dtype).eval(), device, dtype)
+
+
+def stock_modules(tower: Tower):
+    """The tower's weights in transformers' Gemma4VisionModel and Gemma4MultimodalEmbedder as
+    they ship: the hf-padded baseline (the tensors are shared, not copied)."""
+    import dataclasses
+
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
+    from transformers.models.gemma4.modeling_gemma4 import (
+        Gemma4MultimodalEmbedder,
+        Gemma4VisionModel,
+        Gemma4VisionRotaryEmbedding,
+    )
+
+    spec = dataclasses.asdict(tower.config)
+    theta, _ = spec.pop("rope_theta"), spec.pop("output_proj_dims")
+    vcfg = Gemma4VisionConfig(**spec, rope_parameters={"rope_type": "axial", "rope_theta": theta})
+    vcfg._attn_implementation = "sdpa"
+    text = Gemma4TextConfig(hidden_size=tower.out_dim, num_hidden_layers=1, vocab_size=8, vocab_size_per_layer_input=8)
+    with torch.device("meta"):
+        vision, embed = Gemma4VisionModel(vcfg), Gemma4MultimodalEmbedder(vcfg, text)
+    vision.load_state_dict(tower.vision.state_dict(), strict=True, assign=True)
+    embed.load_state_dict(tower.embed.state_dict(), strict=True, assign=True)
+    vision.encoder.rotary_emb = Gemma4VisionRotaryEmbedding(vcfg, device=tower.device)  # float32, as place() has it
+    return vision.eval(), embed.eval()
 
 
 def random_unified(spec: dict, device: torch.device, dtype: torch.dtype):
@@ -132,28 +152,22 @@ def _rss() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-def hf_padded(tower: Tower, items: list[Patches], budget_patches: int) -> None:
-    """The transformers way: pad every item to the budget, batches of HF_BATCH, masked attention."""
+def hf_padded(tower: Tower, items: list[Patches], budget_patches: int, stock=None) -> None:
+    """The transformers way: pad every item to the budget, batches of HF_BATCH, masked attention,
+    through `stock` (stock_modules(tower): transformers' modules as they ship)."""
     if not tower.attention:
         return hf_padded_unified(tower, items, budget_patches)
-    tower.config._attn_implementation = "sdpa"
-    try:
-        with tower.clips.stock():  # transformers' modules as they ship
-            for i in range(0, len(items), HF_BATCH):
-                chunk = items[i: i + HF_BATCH]
-                pixels = torch.zeros((len(chunk), budget_patches, 768), dtype=torch.float32)
-                positions = torch.full((len(chunk), budget_patches, 2), -1, dtype=torch.long)
-                for row, p in enumerate(chunk):
-                    pixels[row, : p.n] = torch.from_numpy(p.pixels).float() / 255
-                    positions[row, : p.n] = torch.from_numpy(p.positions)
-                with torch.inference_mode():
-                    out = tower.vision(pixel_values=pixels.to(tower.device),
-                                       pixel_position_ids=positions.to(tower.device))
-                    tower.embed(out.last_hidden_state)
-    finally:
-        from .tower import ATTENTION
-
-        tower.config._attn_implementation = ATTENTION
+    vision, embed = stock
+    for i in range(0, len(items), HF_BATCH):
+        chunk = items[i: i + HF_BATCH]
+        pixels = torch.zeros((len(chunk), budget_patches, 768), dtype=torch.float32)
+        positions = torch.full((len(chunk), budget_patches, 2), -1, dtype=torch.long)
+        for row, p in enumerate(chunk):
+            pixels[row, : p.n] = torch.from_numpy(p.pixels).float() / 255
+            positions[row, : p.n] = torch.from_numpy(p.positions)
+        with torch.inference_mode():
+            out = vision(pixel_values=pixels.to(tower.device), pixel_position_ids=positions.to(tower.device))
+            embed(out.last_hidden_state)
 
 
 def hf_padded_unified(tower, items: list[Patches], budget_patches: int) -> None:
@@ -231,6 +245,7 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
     dev = parse_device(device)
     dt = parse_dtype(dtype_name(dtype, dev))
     tower = random_tower(size, layers, dev, dt)
+    stock = stock_modules(tower) if tower.attention else None
     max_patches = max_patches or default_patches(dev)
     peak = next((v for k, v in PEAK_BF16.items() if dev.type == "cuda" and k in torch.cuda.get_device_name(dev)), None)
     report = {"size": size, "layers": tower_layers(tower), "device": str(dev), "dtype": str(dt),
@@ -243,7 +258,7 @@ def bench(size="e2b", layers=None, device="auto", dtype="auto", workloads=("phot
     for name in workloads:
         items = workload(name, count)
         budget = 2520 if name != "video" else 630
-        methods = {"hf-padded": lambda: hf_padded(tower, items, max(budget, max(p.n for p in items))),
+        methods = {"hf-padded": lambda: hf_padded(tower, items, max(budget, max(p.n for p in items)), stock),
                    **{m: (lambda m=m: run_ours(tower, items, m, max_patches)) for m in ("serial", "bucket", "pack")}}
         run_ours(tower, items[:2], "pack", max_patches)  # warm-up
         if fast:

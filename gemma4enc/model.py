@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from . import layouts, unified
+from . import layouts, unified, vision
 from .errors import UsageError
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ CONFIGS = {"gemma4": "Gemma4Config", "gemma4_unified": "Gemma4UnifiedConfig"}
 class Checkpoint:
     name: str  # what the user passed to --model (hub id or path), saved in the output metadata
     root: Path  # local folder holding config.json and the weight files
-    config: object  # transformers Gemma4Config
+    config: object  # vision.Config (gemma4), or transformers' Gemma4UnifiedConfig (gemma4_unified)
     tensors: dict[str, dict[str, str]]  # part ("vision_tower."/"embed_vision.") -> {module key: file}
     revision: str | None = None  # hub snapshot hash, when resolved from the cache
 
@@ -108,7 +108,9 @@ def _read_config(root: Path, name: str):
         )
     if not raw.get("vision_config"):
         raise UsageError(f"{name}: this Gemma 4 checkpoint has no vision tower (no vision_config)")
-    import transformers
+    if raw["model_type"] == "gemma4":
+        return vision.Config(raw, name)  # no transformers import: see vision.py
+    import transformers  # the unified model's embedder is transformers' own module (unified.py)
 
     return getattr(transformers, CONFIGS[raw["model_type"]]).from_dict(raw)
 
@@ -177,19 +179,16 @@ def read_tensors(ckpt: Checkpoint, part: str) -> dict[str, torch.Tensor]:
 
 
 def load_modules(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device):
-    """Build Gemma4VisionModel and Gemma4MultimodalEmbedder on meta, then assign the read tensors.
+    """Build the tower and embed_vision (vision.py) on meta, then assign the read tensors.
 
     Loading is strict: a dropped clip bound or std buffer would silently change the output
     (their defaults are ±inf and garbage).
     """
-    from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
-
     vcfg, tcfg = ckpt.config.vision_config, ckpt.config.text_config
-    vcfg._attn_implementation = "sdpa"  # sub-configs come back with None
     with torch.device("meta"):
-        vision = Gemma4VisionModel(vcfg)
-        embed = Gemma4MultimodalEmbedder(vcfg, tcfg)
-    modules = {"vision_tower.": vision, "embed_vision.": embed}
+        tower = vision.VisionModel(vcfg)
+        embed = vision.Embedder(vcfg, tcfg.hidden_size)
+    modules = {"vision_tower.": tower, "embed_vision.": embed}
     ckpt = layouts.resolve(ckpt, {part: module.state_dict().keys() for part, module in modules.items()})
     for part, module in modules.items():
         state = read_tensors(ckpt, part)
@@ -198,21 +197,7 @@ def load_modules(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device):
             module.load_state_dict(state, strict=True, assign=True)
         except RuntimeError as e:
             raise UsageError(f"{ckpt.name}: {part}* tensors do not match the config: {str(e).splitlines()[0]}") from None
-    del vision.encoder.rotary_emb  # still on meta: rebuilt by place()
-    return place(vision, embed, device, dtype)
-
-
-def place(vision, embed, device: torch.device, dtype: torch.dtype):
-    """Move to the device and dtype, inference only. RoPE's inv_freq (non-persistent, so never
-    in a checkpoint) is built after the cast: transformers keeps it in float32 in every dtype."""
-    from transformers.models.gemma4.modeling_gemma4 import Gemma4VisionRotaryEmbedding
-
-    if hasattr(vision.encoder, "rotary_emb"):
-        del vision.encoder.rotary_emb
-    vision = vision.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    embed = embed.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    vision.encoder.rotary_emb = Gemma4VisionRotaryEmbedding(vision.config, device=device)
-    return vision, embed
+    return tower.place(device, dtype), embed.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 def load_tower(model: str, dtype: str = "float32", device: str = "auto"):
@@ -223,8 +208,8 @@ def load_tower(model: str, dtype: str = "float32", device: str = "auto"):
     ckpt = find_checkpoint(model)
     if unified.is_unified(ckpt.config):
         return unified.load_tower(ckpt, torch_dtype, torch_device)
-    vision, embed = load_modules(ckpt, torch_dtype, torch_device)
-    return Tower(vision, embed, torch_device, torch_dtype, checkpoint=ckpt)
+    tower, embed = load_modules(ckpt, torch_dtype, torch_device)
+    return Tower(tower, embed, torch_device, torch_dtype, checkpoint=ckpt)
 
 
 def devices(options: Options) -> list[str]:
