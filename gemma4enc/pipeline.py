@@ -125,7 +125,7 @@ def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, 
     free: queue.SimpleQueue[Encoder] = queue.SimpleQueue()
     for e in encoders:
         free.put(e)
-    window_patches = window_patches or max(4 * max_patches, 20_000)
+    window_patches = window_patches or default_window(mode, max_patches)
     summary, start = Summary(), time.perf_counter()
     threads = ThreadPoolExecutor(len(towers), thread_name_prefix="gemma4enc-tower") if len(towers) > 1 else None
     inflight: deque[tuple[list[Decoded], Future]] = deque()  # windows being encoded, in input order
@@ -162,6 +162,14 @@ def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, 
     summary.seconds = time.perf_counter() - start
     summary.device_patches = [e.patches for e in encoders]
     return summary
+
+
+def default_window(mode: str, max_patches: int) -> int:
+    """Patches decoded before a window is planned. Bucket and pack group items, so a window holds a
+    few calls' worth to group from; serial calls take one item each, so a window of one call's
+    worth lets the tower start as soon as the first files are decoded (on a small folder the
+    first window would otherwise wait for the last file)."""
+    return max_patches if mode == "serial" else max(4 * max_patches, 20_000)
 
 
 def _timed(decoded, summary: Summary):
