@@ -94,6 +94,8 @@ def _quantized(name: str, config, fmt: str, evidence: str) -> str:
 def _bf16_id(name: str, config) -> str:
     """google/gemma-4-<size>[-it] for this model's size (by its text width), instruct unless the name says base."""
     size = SIZES.get(getattr(getattr(config, "text_config", None), "hidden_size", None))
+    if getattr(config, "model_type", None) == "gemma4_unified":
+        size = "12B"  # the one unified model released
     if size is None:
         return "e.g. google/gemma-4-E2B-it"
     named = re.search(r"gemma-4-[0-9a-z-]*?b(-a4b)?(-it)?(?![0-9a-z])", name.lower())
@@ -169,14 +171,14 @@ def resolve(ckpt, expected: dict[str, object]):
         if missing:
             prefix = next((split(k, (part,))[0] for k in found.values()), "model.")
             raise UsageError(f"{ckpt.name}: the checkpoint lacks {len(missing)} {part}* tensor(s) the config needs: "
-                             f"{_first(prefix + part + k for k in missing)}")
+                             f"{first(prefix + part + k for k in missing)}")
         unknown = []
         for rel in sorted(set(found) - want):
             why = _leftover(part + rel, clipped)
             (skipped.append((found[rel], why)) if why else unknown.append(found[rel]))
         if unknown:
             raise UsageError(f"{ckpt.name}: {len(unknown)} {part}* tensor(s) that the config's modules do not have "
-                             f"(another model size, or a config that does not match?): {_first(unknown)}")
+                             f"(another model size, or a config that does not match?): {first(unknown)}")
         tensors[part] = {found[rel]: ckpt.tensors[part][found[rel]] for rel in want}
     if skipped:
         _say(ckpt.name, skipped)
@@ -198,13 +200,14 @@ _said: set[str] = set()  # one line per checkpoint and process, however many tow
 def _say(name: str, skipped: list[tuple[str, str]]) -> None:
     reasons = sorted({why for _, why in skipped})
     line = (f"gemma4enc: {name}: skipped {len(skipped)} tensor(s) the vision modules do not use ({'; '.join(reasons)}): "
-            f"{_first(key for key, _ in skipped)}")
+            f"{first(key for key, _ in skipped)}")
     if line not in _said:
         _said.add(line)
         log.warning(line)
 
 
-def _first(names, limit: int = 3) -> str:
+def first(names, limit: int = 3) -> str:
+    """The first `limit` names, and how many more."""
     names = list(names)
     more = len(names) - limit
     return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")

@@ -160,8 +160,7 @@ def find_checkpoint(model: str) -> Checkpoint:
     config = _read_config(root, model)
     select = unified.vision_tensors if unified.is_unified(config) else _vision_tensors
     tensors = select(_weight_map(root, model), model)
-    if not unified.is_unified(config):  # unified.py refuses a quantized vision_embedder itself
-        layouts.refuse_quantized(config, tensors, model)
+    layouts.refuse_quantized(config, tensors, model)
     return Checkpoint(name=model, root=root, config=config, tensors=tensors, revision=revision)
 
 

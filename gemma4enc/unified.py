@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import layouts
 from .errors import UsageError
 from .patches import PATCH, POOL, Patches
 
@@ -60,34 +61,17 @@ def load_embedder(ckpt, dtype: torch.dtype, device: torch.device):
 
     with torch.device("meta"):
         embedder = Gemma4UnifiedVisionEmbedder(ckpt.config.vision_config, ckpt.config.text_config)
-    state = module_state(ckpt)
-    _refuse_quantized(ckpt.name, state)
+    state = module_state(ckpt)  # quantized names were refused with the checkpoint (layouts.refuse_quantized)
+    layouts.refuse_integer(state, ckpt.name, ckpt.config, "vision_embedder.")
     for what, keys in (("missing", embedder.state_dict().keys() - state), ("unexpected", state - embedder.state_dict().keys())):
         if keys:
-            raise UsageError(f"{ckpt.name}: {what} vision_embedder tensor(s) {_few(sorted(keys))}")
+            raise UsageError(f"{ckpt.name}: {what} vision_embedder tensor(s) {layouts.first(sorted(keys))}")
     try:
         embedder.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:  # a shape that does not fit the config
         reason = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))
         raise UsageError(f"{ckpt.name}: vision_embedder tensors do not match the config: {reason}") from None
     return embedder.to(device=device, dtype=dtype).eval().requires_grad_(False)
-
-
-# names quantizers give a Linear's parts (compressed-tensors, ModelOpt, bitsandbytes, mlx affine)
-QUANTIZED = ("weight_packed", "weight_scale", "weight_global_scale", "weight_zero_point", "weight_scale_2",
-             "absmax", "quant_map", "quant_state", "scales", "biases")
-
-
-def _refuse_quantized(name: str, state: dict[str, torch.Tensor]) -> None:
-    """A quantized embedder would fail the strict load with a list of names: say what it is instead."""
-    odd = sorted(k for k, t in state.items() if not t.is_floating_point() or k.split(".")[-1].startswith(QUANTIZED))
-    if odd:
-        raise UsageError(f"{name}: the vision embedder is quantized ({_few(odd)}); gemma4enc reads bf16 or float "
-                         "weights: use the unquantized checkpoint of the same model (google/gemma-4-12B-it)")
-
-
-def _few(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (f" (… {len(names) - 3} more)" if len(names) > 3 else "")
 
 
 def merge(p: Patches) -> tuple[np.ndarray, np.ndarray]:
