@@ -121,9 +121,13 @@ class Command(TyperCommand):
         return ctx
 
     def invoke(self, ctx):
+        from .log import Sink, forwarded
+
         wants_json = ctx.meta.get("json_errors", False)
         try:
-            return super().invoke(ctx)
+            with forwarded(Sink(ctx.params.get("quiet", False))) as handler:
+                ctx.meta["log_handler"] = handler  # encode points it at its own Sink (--log-file)
+                return super().invoke(ctx)
         except (typer.Exit, typer.Abort, SystemExit):
             raise  # a verdict the command gave itself (0, or 1: some files failed)
         except typer.TyperException as e:  # a flag's value that typer could not convert
@@ -258,6 +262,8 @@ def encode(
         say = Sink(quiet, log_file)
     except OSError as e:
         raise UsageError(f"--log-file {log_file}: {e.strerror or e}") from None
+    if ctx is not None and "log_handler" in ctx.meta:
+        ctx.meta["log_handler"].sink = say
     recorded = dict(model=model, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
                     fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize, seek=seek)
     saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags

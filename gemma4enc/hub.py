@@ -46,10 +46,10 @@ Log = Callable[[str], None]
 
 
 def say(message: str) -> None:
-    """The default log: one line on stderr, as the CLI's other messages."""
-    import sys
+    """The default log: an INFO record of `gemma4enc.hub`; the CLI shows it on stderr unless -q (log.forwarded)."""
+    import logging
 
-    print(f"gemma4enc: {message}", file=sys.stderr, flush=True)
+    logging.getLogger("gemma4enc.hub").info(f"gemma4enc: {message}")
 
 
 def cache_root() -> Path:

@@ -6,6 +6,8 @@ carries one on every line.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
 
@@ -30,6 +32,33 @@ class Sink:
         if self.file:
             self.file.close()
             self.file = None
+
+
+class Forward(logging.Handler):
+    """Records of the `gemma4enc.*` loggers (the hub fetch's progress, layouts' skipped tensors) to
+    a command's Sink, so that -q and --log-file apply to them as to every other line."""
+
+    def __init__(self, sink: Sink):
+        super().__init__(logging.INFO)
+        self.sink = sink  # encode swaps in its own (it has --log-file)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink(record.getMessage(), error=record.levelno >= logging.ERROR)
+
+
+@contextlib.contextmanager
+def forwarded(sink: Sink):
+    """While a command runs: gemma4enc's log records, INFO and up, go to `sink` (and still propagate,
+    to a handler the caller may have; with none, Python would print only WARNING and up, ignoring -q)."""
+    logger, handler = logging.getLogger("gemma4enc"), Forward(sink)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def duration(seconds: float) -> str:

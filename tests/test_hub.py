@@ -120,6 +120,16 @@ def test_encode_through_the_hub_equals_the_local_folder_and_a_second_run_fetches
         assert torch.equal(a[path], b[path])
 
 
+def test_fetch_lines_keep_to_quiet_and_go_to_the_log_file(serve, tmp_path):
+    media, log = tmp_path / "media", tmp_path / "run.log"
+    media.mkdir()
+    photo(64, 96).save(media / "p.png")
+    with serve():
+        quiet = encode([media, "-o", tmp_path / "out", "--model", REPO, *BASE, "--log-file", log])
+    assert quiet.exit_code == 0, quiet.output
+    assert "fetching" not in quiet.stderr and "fetching" in log.read_text()
+
+
 def test_a_cut_connection_resumes_with_only_the_rest(serve, sharded):
     header_bytes, vision_bytes, original = headers_and_vision(sharded)
     with serve() as server:
