@@ -543,4 +543,8 @@ def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo chec
 
 def main() -> None:
     """The console script: every command maps its errors to EXIT_CODES (see Command)."""
+    # Before torch loads OpenMP: its threads sleep when they run out of work instead of spinning.
+    # On a CPU shared with anything else, a spinning thread takes the core its busy sibling needs,
+    # and the tower loses far more than the cores it shares (docs/benchmarks.md). Yours wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     app()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -221,3 +222,17 @@ def test_the_summary_says_when_decode_is_the_bottleneck():
     # the towers were busy 3.8 s of 10: 8 workers × 10 / 3.8 ≈ 21 would keep them fed
     assert verdict == "decode-bound: the tower waited 62% of the time; about 21 workers would feed it (now 8)"
     assert where_time_went(Summary(files=100, seconds=10.0, decode_wait=2.0), workers=8)[1] is None
+
+
+@pytest.mark.parametrize("given, seen", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_console_script_lets_idle_openmp_threads_sleep_unless_told(given, seen):
+    """main() sets OMP_WAIT_POLICY before torch loads OpenMP (docs/benchmarks.md: spinning threads
+    on a shared CPU); a value the user set is left alone."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
+    code = ("import os, sys\nsys.argv = ['gemma4enc', '--version']\nfrom gemma4enc.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\nprint(os.environ['OMP_WAIT_POLICY'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == seen, done.stderr
