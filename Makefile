@@ -9,7 +9,7 @@ EXTRAS ?= test,ray
 # a second venv with the lowest transformers pyproject.toml allows, for the parity tests
 VENV_LOWEST ?= .venv-lowest
 LOWEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
-PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py
+PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py tests/test_vision.py
 
 .PHONY: install test test-lowest bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
 
