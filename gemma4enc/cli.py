@@ -49,6 +49,7 @@ def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, call
 Roots = Annotated[list[str], typer.Argument(help="Folders or files to encode (walked recursively).")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Output folder for shards and manifest.")]
 Model = Annotated[str, typer.Option(help="Checkpoint folder (HF layout) or hub id (only its vision tensors are fetched, into a cache: see fetch).")]
+Revision = Annotated[Optional[str], typer.Option(help="A hub id's branch, tag or commit (default: main). A re-run into OUT keeps the commit it recorded unless given.")]
 Dtype = Annotated[str, typer.Option(help="Tower dtype: auto (bfloat16 on CUDA and on CPUs with AMX, else float32), float32, bfloat16, float16.")]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
 ImageTokens = Annotated[int, typer.Option("--max-soft-tokens", help="Soft tokens per image: 70, 140, 280, 560 or 1120.")]
@@ -206,6 +207,7 @@ def encode(
     roots: Roots = None,
     out: Out = Path("embeddings"),
     model: Model = DEFAULT.model,
+    revision: Revision = DEFAULT.revision,
     dtype: Dtype = DEFAULT.dtype,
     device: Device = DEFAULT.device,
     devices: Devices = DEFAULT.devices,
@@ -264,7 +266,7 @@ def encode(
         raise UsageError(f"--log-file {log_file}: {e.strerror or e}") from None
     if ctx is not None and "log_handler" in ctx.meta:
         ctx.meta["log_handler"].sink = say
-    recorded = dict(model=model, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
+    recorded = dict(model=model, revision=revision, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
                     fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize, seek=seek)
     saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags
     differ = ", ".join(f"{k} {v}" for k, v in saved.items() if recorded[k] != v)
@@ -277,7 +279,7 @@ def encode(
     try:
         r = recorded
         options = Options(
-            model=r["model"], dtype=r["dtype"], device=device, devices=devices, image_tokens=r["image_tokens"],
+            model=r["model"], revision=r["revision"], dtype=r["dtype"], device=device, devices=devices, image_tokens=r["image_tokens"],
             video_tokens=r["video_tokens"], resize=r["resize"], seek=r["seek"], sampling=_sampling(r["frames"], r["fps"], r["max_frames"]),
             video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
             max_batch_patches=max_batch_patches, compile=use_compile, shard_bytes=parse_size(shard_size),
@@ -339,6 +341,7 @@ def plan(
     exclude: Exclude = None,
     hidden: Hidden = False,
     model: Annotated[Optional[str], typer.Option(help="Read the stored width from this checkpoint (folder or hub id in the HF cache) instead of --hidden-size.")] = None,
+    revision: Annotated[Optional[str], typer.Option(help="With --model a hub id: its branch, tag or commit (default: main).")] = None,
     hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
     out_dtype: OutDtype = DEFAULT.out_dtype,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Plan only what encode -o OUT has still to do (files done there are not opened).")] = None,
@@ -368,7 +371,7 @@ def plan(
     if model:
         from .model import find_checkpoint
 
-        hidden_size = find_checkpoint(model).config.text_config.hidden_size  # what embed_vision projects to
+        hidden_size = find_checkpoint(model, revision).config.text_config.hidden_size  # what embed_vision projects to
     from .report import plan_report
 
     report = plan_report(todo, options, hidden_size)

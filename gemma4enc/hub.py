@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 
             "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 0.5, "F6_E2M3": 0.75,
             "F6_E3M2": 0.75}
 DONE = "fetch.json"
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a full commit hash, as the hub names a snapshot
 Log = Callable[[str], None]
 
 
@@ -545,6 +547,9 @@ def fetch(repo_id: str, revision: str | None = None, log: Log = say) -> dict:
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
     import httpx2
 
+    pinned = repo_folder(repo_id) / revision if revision and COMMIT.fullmatch(revision) else None
+    if pinned and (pinned / DONE).is_file():  # a commit never changes: no need to ask the hub
+        return _found(repo_id, pinned, revision)
     if offline():
         return _found(repo_id, *_local(repo_id, revision, "HF_HUB_OFFLINE is set"))
     if not _resolves():  # the cache only, at once: not ~23 s of retries

@@ -139,24 +139,26 @@ def _vision_tensors(weight_map: dict[str, str], name: str) -> dict[str, dict[str
     return found
 
 
-def _hub_files(repo_id: str) -> tuple[Path, str | None]:
+def _hub_files(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
     """A hub id → a local folder: only the config and the vision tensors' bytes, fetched by range
     requests into a cache keyed by commit (or a full snapshot already in the HF cache); hub.py."""
     from .hub import hub_files
 
-    return hub_files(repo_id)
+    return hub_files(repo_id, revision)
 
 
-def find_checkpoint(model: str) -> Checkpoint:
-    """--model: a local folder in Hugging Face layout, or a hub id resolved through the cache."""
+def find_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
+    """--model: a local folder in Hugging Face layout, or a hub id resolved through the cache
+    (at --revision: a branch, tag or commit; main by default)."""
     path = Path(model).expanduser()
-    revision = None
     if path.is_dir():
+        if revision:
+            raise UsageError(f"--revision {revision}: {model} is a local folder; --revision is for a hub id")
         root = path
     elif path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise UsageError(f"{model}: no such checkpoint folder (and not a hub id like 'org/name')")
     else:
-        root, revision = _hub_files(model)
+        root, revision = _hub_files(model, revision)
     config = _read_config(root, model)
     select = unified.vision_tensors if unified.is_unified(config) else _vision_tensors
     tensors = select(_weight_map(root, model), model)
@@ -199,12 +201,12 @@ def load_modules(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device):
     return tower.place(device, dtype), embed.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def load_tower(model: str, dtype: str = "float32", device: str = "auto"):
-    """--model, --dtype, --device → a ready Tower (vision weights only)."""
+def load_tower(model: str, dtype: str = "float32", device: str = "auto", revision: str | None = None):
+    """--model, --dtype, --device, --revision → a ready Tower (vision weights only)."""
     from .tower import Tower
 
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
-    ckpt = find_checkpoint(model)
+    ckpt = find_checkpoint(model, revision)
     if unified.is_unified(ckpt.config):
         return unified.load_tower(ckpt, torch_dtype, torch_device)
     tower, embed = load_modules(ckpt, torch_dtype, torch_device)
@@ -231,7 +233,7 @@ def open_tower(options: Options, device: str | None = None):
 
     device = device or options.device
     dtype = dtype_name(options.dtype, parse_device(device))
-    tower = load_tower(options.model, dtype, device)
+    tower = load_tower(options.model, dtype, device, options.revision)
     if options.compile:
         tower.compile()
     return tower, dtype, resolve_batching(options.batching, tower.device, tower.attention)

@@ -55,6 +55,8 @@ def format_size(size: int) -> str:
 class Options:
     # checkpoint folder or hub id (resolved through the Hugging Face cache)
     model: str = fingerprint(default=DEFAULT_MODEL)
+    # a hub id's branch, tag or commit (None: main); settings.json records the commit it resolved to
+    revision: str | None = None
     # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA and on CPUs with AMX, float32 elsewhere).
     # In the fingerprint as the dtype the tower ran in (auto resolved): float32 and bfloat16 tokens differ
     dtype: str = fingerprint(default="auto")
@@ -126,6 +128,8 @@ class Options:
         _one_of("--video-soft-tokens", self.video_tokens, SOFT_TOKEN_BUDGETS)
         if not self.model:
             raise UsageError("--model: give a checkpoint folder or a hub id")
+        if self.revision is not None and not self.revision.strip():
+            raise UsageError("--revision: give a branch, tag or commit")
         _device("--device", self.device)
         if self.devices is not None and self.devices != "all":
             names = [d.strip() for d in self.devices.split(",") if d.strip()]

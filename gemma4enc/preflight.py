@@ -18,7 +18,7 @@ from .options import Options
 SETTINGS = "settings.json"  # OUT's record of the settings that shape the output (outdir writes it)
 
 # settings.json key → the encode parameter it stands for (sampling: frames, fps and max_frames, each on its own)
-FLAGS = ("model", "dtype", "image_tokens", "video_tokens", "resize", "seek", "out_dtype", "pooled")
+FLAGS = ("model", "revision", "dtype", "image_tokens", "video_tokens", "resize", "seek", "out_dtype", "pooled")
 
 
 def preflight(options: Options, light: bool = False) -> tuple[Options, dict]:
@@ -34,12 +34,14 @@ def preflight(options: Options, light: bool = False) -> tuple[Options, dict]:
         return replace(options, model=model), {"revision": None}
     from .model import devices, dtype_name, find_checkpoint, parse_device
 
-    ckpt = find_checkpoint(options.model)
+    ckpt = find_checkpoint(options.model, options.revision)
     dtype = options.dtype
     if options.engine == "local":  # a Ray actor's device is only known where it runs
         found = [parse_device(d) for d in devices(options)]
         dtype = dtype_name(options.dtype, found[0])
-    return replace(options, model=model, dtype=dtype), {"revision": None if local else ckpt.revision}
+    # a hub id's towers (Ray actors too) open the commit resolved here, whatever its branch does next
+    revision = None if local else ckpt.revision
+    return replace(options, model=model, dtype=dtype, revision=revision), {"revision": revision}
 
 
 def remembered(out: Path, given: Callable[[str], bool]) -> dict:

@@ -130,6 +130,45 @@ def test_fetch_lines_keep_to_quiet_and_go_to_the_log_file(serve, tmp_path):
     assert "fetching" not in quiet.stderr and "fetching" in log.read_text()
 
 
+def test_revision_pins_a_commit_and_a_rerun_keeps_the_recorded_one_when_main_moves(serve, sharded, sharded2, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    photo(64, 96).save(media / "p0.png")
+    out = tmp_path / "out"
+    with serve() as server:
+        first = encode([media, "-o", out, "--model", REPO, *BASE])
+        assert first.exit_code == 0, first.output
+        assert json.loads((out / "settings.json").read_text())["revision"] == COMMIT
+        server.add(REPO, sharded2, COMMIT2)  # main moves on
+        server.reset()
+        photo(80, 80, seed=1).save(media / "p1.png")
+        again = encode([media, "-o", out, "--model", REPO, *BASE])  # no --revision: the recorded commit
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout)["encoded"] == 1
+        assert server.requests == []  # a cached commit needs no question to the hub
+        moved = encode([media, "-o", out, "--model", REPO, "--revision", "main", *BASE])
+        assert moved.exit_code == 2 and f"revision: '{COMMIT}' → '{COMMIT2}'" in moved.stderr, moved.output
+        pinned = encode([media, "-o", tmp_path / "pinned", "--model", REPO, "--revision", COMMIT, *BASE])
+        assert pinned.exit_code == 0, pinned.output
+    old = encode([media, "-o", tmp_path / "local", "--model", sharded, *BASE])
+    new = encode([media, "-o", tmp_path / "local2", "--model", sharded2, *BASE])
+    assert old.exit_code == new.exit_code == 0
+    a, b, c = (gemma4enc.open(tmp_path / d) for d in ("out", "local", "pinned"))
+    for name in ("p0.png", "p1.png"):
+        path = str(media / name)
+        assert torch.equal(a[path], b[path]) and torch.equal(c[path], b[path])  # COMMIT's weights throughout
+    assert not torch.equal(a[path], gemma4enc.open(tmp_path / "local2")[path])  # COMMIT2's differ
+
+
+def test_revision_with_a_local_folder_is_a_usage_error(sharded, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    photo(64, 96).save(media / "p0.png")
+    result = encode([media, "-o", tmp_path / "out", "--model", sharded, "--revision", "v1", *BASE])
+    assert result.exit_code == 2 and "--revision is for a hub id" in result.stderr, result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_cut_connection_resumes_with_only_the_rest(serve, sharded):
     header_bytes, vision_bytes, original = headers_and_vision(sharded)
     with serve() as server:

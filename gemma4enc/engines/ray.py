@@ -220,7 +220,7 @@ def encode(todo: list[Item], run: Run) -> Summary:
         return Summary(where={"ray_address": options.ray_address or "local"})
     from ..model import find_checkpoint
 
-    find_checkpoint(options.model)  # a wrong --model is told here, not by every actor in turn
+    find_checkpoint(options.model, options.revision)  # a wrong --model is told here, not by every actor in turn
     run.ready()
     model = str(Path(options.model).resolve()) if Path(options.model).is_dir() else options.model
     options = replace(options, model=model)  # actors start elsewhere: no relative paths
