@@ -32,6 +32,11 @@ def reason(e: Exception) -> str:
     return getattr(e, "strerror", None) or (found and found.group(1).strip()) or str(e).splitlines()[0]
 
 
+def one_line(e: Exception) -> str:
+    """An exception in one short line for a warning (compiler and kernel errors run long)."""
+    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
+
+
 def output_error(what: str, out: Path, e: Exception) -> OutputError:
     return OutputError(f"cannot write {what} in {out}: {reason(e)}; the files finished before are saved, "
                        "re-run to resume once it is writable")

@@ -3,7 +3,8 @@
 Every step calls the modules of vision.py (transformers' arithmetic, op for op); what we add
 is the batching around them: a *stack* of items with the same patch count (no padding, no
 mask), or a *pack* of items of any size in one sequence with attention kept inside each item
-(varlen), pooled in one vectorised step. `Tower.encode(items) -> per-item soft tokens` is the whole interface.
+(attention.py), pooled in one vectorised step. `Tower.encode(items) -> per-item soft tokens`
+is the whole interface.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .errors import one_line
 from .patches import POOL, Patches
-from .vision import _reason
 
 # the processor computes float64(u8) * (1/255) then rounds to float32: a table keeps that exact
 _UNIT = (torch.arange(256, dtype=torch.float64) * (1 / 255)).to(torch.float32)
@@ -73,7 +74,7 @@ class Tower:
                 raise
             except Exception as e:  # no C++ compiler, an unsupported op…: the eager path is the reference anyway
                 self._compiled = None
-                warnings.warn(f"--compile failed ({_reason(e)}); going on without it")
+                warnings.warn(f"--compile failed ({one_line(e)}); going on without it")
         return self.vision.encoder(x, positions)
 
     def _compiled_stack(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -161,7 +161,7 @@ def _fake_varlen(kind):
 def test_varlen_call_adapts_to_each_torch_release(kind, kv_heads):
     """The CUDA pack path calls torch's varlen_attn with Gemma 4's scale of 1.0; every release's
     signature must give block-diagonal attention equal to one SDPA call per item (float32, 1e-5)."""
-    from gemma4enc.vision import _segment_sdpa, call_varlen
+    from gemma4enc.attention import _segment_sdpa, call_varlen
 
     torch.manual_seed(0)
     lengths = [7, 30, 12]
