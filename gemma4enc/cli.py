@@ -369,9 +369,9 @@ def plan(
                               str(out) if out else None, known=unchanged.known if ledger else None)
     todo = _not_done(items, ledger) if ledger else items
     if model:
-        from .model import find_checkpoint
+        from .model import read_config
 
-        hidden_size = find_checkpoint(model, revision).config.text_config.hidden_size  # what embed_vision projects to
+        hidden_size = read_config(model, revision).text_config.hidden_size  # what embed_vision projects to
     from .report import plan_report
 
     report = plan_report(todo, options, hidden_size)

@@ -447,6 +447,25 @@ def _remember(repo_id: str, revision: str, commit: str) -> None:
     _atomic_write(refs / revision.replace("/", "--"), commit.encode())
 
 
+def config_file(repo_id: str, revision: str | None = None) -> Path:
+    """A hub id's config.json alone: from our vision cache where it holds the revision, else as
+    huggingface_hub downloads and caches it (its cache only, offline)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    found = cached(repo_id, revision)
+    if found:
+        return found[0] / "config.json"
+    try:
+        return Path(hf_hub_download(repo_id, "config.json", revision=revision,
+                                    local_files_only=offline() or not _resolves()))
+    except LocalEntryNotFoundError:
+        raise UsageError(f"{repo_id}: its config.json is not in the cache and the hub cannot be reached "
+                         f"(HF_HUB_OFFLINE, or {_host()} does not resolve)") from None
+    except HfHubHTTPError as e:
+        raise UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
 def cached(repo_id: str, revision: str | None) -> tuple[Path, str] | None:
     """Our finished vision folder for this revision (a name we resolved before, or a commit), if any."""
     revision = revision or "main"

@@ -147,17 +147,34 @@ def _hub_files(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
     return hub_files(repo_id, revision)
 
 
-def find_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
-    """--model: a local folder in Hugging Face layout, or a hub id resolved through the cache
-    (at --revision: a branch, tag or commit; main by default)."""
+def _local_folder(model: str, revision: str | None) -> Path | None:
+    """--model as a local checkpoint folder, or None for a hub id; anything else is a UsageError."""
     path = Path(model).expanduser()
     if path.is_dir():
         if revision:
             raise UsageError(f"--revision {revision}: {model} is a local folder; --revision is for a hub id")
-        root = path
-    elif path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        return path
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise UsageError(f"{model}: no such checkpoint folder (and not a hub id like 'org/name')")
-    else:
+    return None
+
+
+def read_config(model: str, revision: str | None = None):
+    """--model's config alone, for what needs only its widths (plan): a hub id's config.json is
+    fetched by itself, not its vision tensors."""
+    root = _local_folder(model, revision)
+    if root is None:
+        from .hub import config_file
+
+        root = config_file(model, revision).parent
+    return _read_config(root, model)
+
+
+def find_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
+    """--model: a local folder in Hugging Face layout, or a hub id resolved through the cache
+    (at --revision: a branch, tag or commit; main by default)."""
+    root = _local_folder(model, revision)
+    if root is None:
         root, revision = _hub_files(model, revision)
     config = _read_config(root, model)
     select = unified.vision_tensors if unified.is_unified(config) else _vision_tensors

@@ -160,6 +160,26 @@ def test_revision_pins_a_commit_and_a_rerun_keeps_the_recorded_one_when_main_mov
     assert not torch.equal(a[path], gemma4enc.open(tmp_path / "local2")[path])  # COMMIT2's differ
 
 
+def test_plan_with_a_hub_id_reads_its_config_alone(serve, sharded, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    photo(64, 96).save(media / "p0.png")
+    width = json.loads((sharded / "config.json").read_text())["text_config"]["hidden_size"]
+    given = RUN.invoke(app, ["plan", str(media), "--hidden-size", str(width), "--json"])
+    with serve() as server:
+        planned = RUN.invoke(app, ["plan", str(media), "--model", REPO, "--json"])
+        assert planned.exit_code == 0, planned.output
+        assert server.weight_bytes() == 0  # no vision tensor moved for a dry run
+    assert json.loads(planned.stdout) == json.loads(given.stdout)
+    go_offline(monkeypatch := pytest.MonkeyPatch(), True)
+    try:  # offline: huggingface_hub's cache has the config now
+        assert RUN.invoke(app, ["plan", str(media), "--model", REPO, "--json"]).exit_code == 0
+        missing = RUN.invoke(app, ["plan", str(media), "--model", "acme/absent", "--json"])
+        assert missing.exit_code == 2 and "not in the cache" in missing.stderr, missing.output
+    finally:
+        monkeypatch.undo()
+
+
 def test_revision_with_a_local_folder_is_a_usage_error(sharded, tmp_path):
     media = tmp_path / "media"
     media.mkdir()
