@@ -21,8 +21,9 @@ from torch import nn
 from .attention import packed_attention
 from .errors import UsageError
 
-# hidden_activation → the function transformers' ACT2FN gives for it
-ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
+# hidden_activation → the function transformers' ACT2FN gives for it, in place (on the gate's own output)
+ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+               "gelu": lambda x: torch.ops.aten.gelu_(x)}
 BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 
 
@@ -108,7 +109,8 @@ class ClippableLinear(nn.Module):
         if self.clipped:
             self.bounds = tuple(float(getattr(self, name)) for name in BOUNDS)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, own_input: bool = False) -> torch.Tensor:
+        """own_input: h is a temporary nobody else reads, so its input clamp may be in place."""
         if not self.clipped:
             return self.linear(h)
         if torch.compiler.is_compiling() or self.bounds is None:  # compiling first: no guard on the floats
@@ -117,7 +119,8 @@ class ClippableLinear(nn.Module):
             return torch.clamp(self.linear(h), self.output_min, self.output_max)
         lo, hi, out_lo, out_hi = self.bounds
         if lo > -math.inf or hi < math.inf:
-            h = torch.clamp(h, lo, hi)  # not in place: h is also the residual or another projection's input
+            # else not in place: h is also the residual or another projection's input
+            h = h.clamp_(lo, hi) if own_input else torch.clamp(h, lo, hi)
         h = self.linear(h)
         return h.clamp_(out_lo, out_hi) if out_lo > -math.inf or out_hi < math.inf else h
 
@@ -134,7 +137,7 @@ class RMSNorm(nn.Module):
         x = h.float()
         x = x * torch.pow(x.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
         if self.weight is not None:
-            x = x * self.weight.float()
+            x.mul_(self.weight.float())  # in place: x is the product just made, this norm's own
         return x.type_as(h)
 
 
@@ -220,7 +223,8 @@ class MLP(nn.Module):
         self.act = ACTIVATIONS[config.hidden_activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        # the gate's output is fresh: the activation and the product go into it, and down_proj may clamp it in place
+        return self.down_proj(self.act(self.gate_proj(x)).mul_(self.up_proj(x)), own_input=True)
 
 
 class EncoderLayer(nn.Module):
