@@ -58,49 +58,67 @@ def sources(work: Path, n: int = 1) -> list[Path]:
 
 
 def make_folder(work: Path, n: int, ckpt: Path) -> tuple[Path, Path]:
-    """N hard links and an output folder whose manifest already has a row for each."""
+    """N hard links and an output folder whose manifest already has a row for each.
+
+    Streamed: each shard and its manifest rows are written as its links are made, so memory does
+    not grow with N (a list of 10 M paths and stat results would take several GB).
+    """
     media, out = work / f"media-{n}", work / f"out-{n}"
     shutil.rmtree(media, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     srcs = [(p, p.stat()) for p in sources(work, n)]
-    paths = []
-    for i in range(n):
-        folder = media / f"d{i // PER_DIR:05d}"
-        if i % PER_DIR == 0:
-            folder.mkdir(parents=True)
-        src, st = srcs[i % len(srcs)]
-        path = folder / f"p{i:07d}{src.suffix}"
-        os.link(src, path)
-        paths.append((str(path), st))
-    write_output(out, paths, ckpt)
+    with Output(out, ckpt) as output:
+        for lo in range(0, n, PER_SHARD):
+            chunk = []
+            for i in range(lo, min(lo + PER_SHARD, n)):
+                folder = media / f"d{i // PER_DIR:05d}"
+                if i % PER_DIR == 0:
+                    folder.mkdir(parents=True)
+                src, st = srcs[i % len(srcs)]
+                path = folder / f"p{i:07d}{src.suffix}"
+                os.link(src, path)
+                chunk.append((str(path), st))
+            output.shard(lo // PER_SHARD, chunk)
     return media, out
 
 
-def write_output(out: Path, paths: list, ckpt: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
+class Output:
+    """A finished output folder written shard by shard: settings.json, shards, manifest.jsonl."""
 
-    from gemma4enc.ledger import MANIFEST, line_of
-    from gemma4enc.options import Options
-    from gemma4enc.outdir import settings_of
+    def __init__(self, out: Path, ckpt: Path):
+        from gemma4enc.ledger import MANIFEST
+        from gemma4enc.options import Options
+        from gemma4enc.outdir import settings_of
 
-    out.mkdir(parents=True)
-    # what a run with FLAGS records: the model's resolved path, the dtype it ran in, no hub revision
-    options = Options(model=str(Path(ckpt).resolve()), dtype="float32", out_dtype="float32", image_tokens=70)
-    (out / "settings.json").write_text(json.dumps(settings_of(options, {"revision": None}), indent=2))
-    width = json.loads((ckpt / "config.json").read_text())["text_config"]["hidden_size"]
-    meta = {"format_version": "1", "out_dtype": "float32", "hidden_size": str(width)}
-    with open(out / MANIFEST, "wb") as f:
-        for lo in range(0, len(paths), PER_SHARD):
-            chunk = paths[lo: lo + PER_SHARD]
-            name = f"shard-{lo // PER_SHARD:06d}.safetensors"
-            k = torch.arange(len(chunk) + 1)
-            save_file({"tokens": torch.zeros(len(chunk), width), "item_offsets": k, "frame_offsets": k.clone(),
-                       "item_frames": k.clone(), "pooled": torch.zeros(len(chunk), width)}, str(out / name), metadata=meta)
-            f.write(b"".join(line_of({
-                "path": p, "kind": "image", "size": st.st_size, "mtime_ns": st.st_mtime_ns, "status": "ok",
-                "error": None, "shard": name, "index": j, "tokens": 1, "frames": 1, "frame_tokens": [1],
-                "width": 64, "height": 48}) for j, (p, st) in enumerate(chunk)))
+        out.mkdir(parents=True)
+        # what a run with FLAGS records: the model's resolved path, the dtype it ran in, no hub revision
+        options = Options(model=str(Path(ckpt).resolve()), dtype="float32", out_dtype="float32", image_tokens=70)
+        (out / "settings.json").write_text(json.dumps(settings_of(options, {"revision": None}), indent=2))
+        self.out, self.manifest = out, open(out / MANIFEST, "wb")
+        self.width = json.loads((ckpt / "config.json").read_text())["text_config"]["hidden_size"]
+
+    def shard(self, number: int, chunk: list) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        from gemma4enc.ledger import line_of
+
+        name = f"shard-{number:06d}.safetensors"
+        meta = {"format_version": "1", "out_dtype": "float32", "hidden_size": str(self.width)}
+        k = torch.arange(len(chunk) + 1)
+        save_file({"tokens": torch.zeros(len(chunk), self.width), "item_offsets": k, "frame_offsets": k.clone(),
+                   "item_frames": k.clone(), "pooled": torch.zeros(len(chunk), self.width)},
+                  str(self.out / name), metadata=meta)
+        self.manifest.write(b"".join(line_of({
+            "path": p, "kind": "image", "size": st.st_size, "mtime_ns": st.st_mtime_ns, "status": "ok",
+            "error": None, "shard": name, "index": j, "tokens": 1, "frames": 1, "frame_tokens": [1],
+            "width": 64, "height": 48}) for j, (p, st) in enumerate(chunk)))
+
+    def __enter__(self) -> "Output":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.manifest.close()
 
 
 def change(media: Path, share: float) -> int:
