@@ -1,6 +1,7 @@
 """Re-runs over big folders that are mostly done: no-op, 1 % changed, inspect, verify (issue 16).
 
     python benchmarks/ledger.py --n 100000 --n 1000000 --json bench-out/ledger.json
+    python benchmarks/ledger.py --n 1000000 --work-alone   # 1 % run beside its work done alone
     python benchmarks/ledger.py --startup            # one photo end to end, where the time goes
 
 For each N it makes, under --work, N files as hard links to a few small photos (cheap) and an
@@ -121,21 +122,36 @@ class Output:
         self.manifest.close()
 
 
-def change(media: Path, share: float) -> int:
+def change(media: Path, share: float) -> list[Path]:
     """Replace every (1/share)-th file by a new photo of its own: new size, new mtime."""
     from PIL import Image
 
-    step, changed = round(1 / share), 0
+    step, changed = round(1 / share), []
     for i, path in enumerate(sorted(p for d in sorted(media.iterdir()) for p in d.iterdir())):
         if i % step == 0:
             path.unlink()
             Image.new("RGB", (40 + i % 50, 30), (i % 256, (i // 256) % 256, 90)).save(path, format="JPEG")
-            changed += 1
+            changed.append(path)
     return changed
+
+
+def alone(work: Path, media: Path, changed: list[Path], ckpt: Path) -> dict:
+    """The 1 % run's work by itself: a fresh encode of a folder holding only the changed files."""
+    folder, out = work / f"alone-{len(changed)}", work / f"alone-out-{len(changed)}"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    for path in changed:  # hard links: the same bytes, sizes and mtimes, under the same relative paths
+        (folder / path.parent.relative_to(media)).mkdir(parents=True, exist_ok=True)
+        os.link(path, folder / path.relative_to(media))
+    result = timed([*CLI, "encode", str(folder), "-o", str(out), "--model", str(ckpt), *FLAGS])
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return result
 
 
 def timed(args: list[str]) -> dict:
     """Wall, user+sys CPU and peak RSS (largest process) of one CLI call, with its JSON summary."""
+    load = os.getloadavg()[0]
     result = subprocess.run(["/usr/bin/time", "-v", *args], capture_output=True, text=True)
     stats = dict(re.findall(r"^\s*(.+?): (.+)$", result.stderr, re.M))
     m, s = stats["Elapsed (wall clock) time (h:mm:ss or m:ss)"].rsplit(":", 1)
@@ -145,6 +161,7 @@ def timed(args: list[str]) -> dict:
     except ValueError:
         report = {}
     return {"exit": result.returncode, "wall_s": round(wall, 2),
+            "load_1min": [round(load, 2), round(os.getloadavg()[0], 2)],  # before, after: the machine is shared
             "cpu_s": round(float(stats["User time (seconds)"]) + float(stats["System time (seconds)"]), 2),
             "peak_rss_mb": round(int(stats["Maximum resident set size (kbytes)"]) / 1024, 1),
             "summary": {k: report[k] for k in ("files", "done_before", "encoded", "failed", "ok", "shards",
@@ -152,7 +169,8 @@ def timed(args: list[str]) -> dict:
             "log": [line for line in result.stderr.splitlines() if line.startswith("gemma4enc")][-3:]}
 
 
-def bench_n(work: Path, n: int, ckpt: Path, log, changed: bool = True) -> dict:
+def bench_n(work: Path, n: int, ckpt: Path, log, changed: bool = True, work_alone: bool = False,
+            keep: bool = False) -> dict:
     start = time.perf_counter()
     media, out = make_folder(work, n, ckpt)
     log(f"N={n}: folder and manifest made in {time.perf_counter() - start:.0f} s")
@@ -161,17 +179,26 @@ def bench_n(work: Path, n: int, ckpt: Path, log, changed: bool = True) -> dict:
     row["no_op"] = timed(encode)
     log(f"N={n} no-op: {row['no_op']}")
     if changed:
-        row["changed_files"] = change(media, 0.01)
+        files = change(media, 0.01)
+        row["changed_files"] = len(files)
+        if work_alone:  # before the 1 % run, which leaves no file to do
+            row["work_alone"] = alone(work, media, files, ckpt)
+            log(f"N={n} the {len(files)} changed files alone, fresh output: {row['work_alone']}")
         row["changed_1pct"] = timed(encode)
         log(f"N={n} 1 % changed: {row['changed_1pct']}")
+        if work_alone:  # the claim: the 1 % run costs the no-op plus the work
+            row["no_op_plus_work_alone"] = {k: round(row["no_op"][k] + row["work_alone"][k], 2)
+                                            for k in ("wall_s", "cpu_s")}
+            log(f"N={n} no-op + work alone: {row['no_op_plus_work_alone']}")
     row["inspect"] = timed([*CLI, "inspect", str(out), "--json"])
     log(f"N={n} inspect: {row['inspect']}")
     row["verify"] = timed([*CLI, "verify", str(out), "--json"])
     log(f"N={n} verify: {row['verify']}")
     row["compact"] = timed([*CLI, "compact", str(out), "--json"])
     log(f"N={n} compact: {row['compact']}")
-    shutil.rmtree(media, ignore_errors=True)
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(media, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
     return row
 
 
@@ -247,6 +274,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, action="append", help="files (repeatable); default 100000 and 1000000")
     ap.add_argument("--work", type=Path, default=Path("bench-out/ledger"))
     ap.add_argument("--changed-up-to", type=int, default=10**9, help="the 1 %% re-run only for N up to this")
+    ap.add_argument("--work-alone", action="store_true",
+                    help="with the 1 %% re-run, also a fresh encode of only the changed files, to compare")
+    ap.add_argument("--keep", action="store_true", help="keep the folders (they are big at large N)")
     ap.add_argument("--startup", action="store_true", help="only the one-photo start-up breakdown")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -256,7 +286,7 @@ def main() -> None:
         report = startup(a.work, log)
     else:
         ckpt = checkpoint(a.work)
-        report = {"rows": [bench_n(a.work, n, ckpt, log, n <= a.changed_up_to)
+        report = {"rows": [bench_n(a.work, n, ckpt, log, n <= a.changed_up_to, a.work_alone, a.keep)
                           for n in a.n or [100_000, 1_000_000]]}
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
