@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -173,9 +174,11 @@ def bench_n(work: Path, n: int, ckpt: Path, log, changed: bool = True, work_alon
             keep: bool = False) -> dict:
     start = time.perf_counter()
     media, out = make_folder(work, n, ckpt)
-    log(f"N={n}: folder and manifest made in {time.perf_counter() - start:.0f} s")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the generator's own peak: streamed
+    log(f"N={n}: folder and manifest made in {time.perf_counter() - start:.0f} s, this process's peak RSS {peak_mb:.0f} MB")
     encode = [*CLI, "encode", str(media), "-o", str(out), "--model", str(ckpt), *FLAGS]
-    row = {"n": n, "manifest_mb": round((out / "manifest.jsonl").stat().st_size / 2**20, 1)}
+    row = {"n": n, "manifest_mb": round((out / "manifest.jsonl").stat().st_size / 2**20, 1),
+           "generator_peak_rss_mb": round(peak_mb)}
     row["no_op"] = timed(encode)
     log(f"N={n} no-op: {row['no_op']}")
     if changed:
