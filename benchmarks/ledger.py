@@ -65,7 +65,8 @@ def make_folder(work: Path, n: int, ckpt: Path) -> tuple[Path, Path]:
     Streamed: each shard and its manifest rows are written as its links are made, so memory does
     not grow with N (a list of 10 M paths and stat results would take several GB).
     """
-    media, out = work / f"media-{n}", work / f"out-{n}"
+    # absolute, as encode records them: rows of a relative --work would match no file
+    media, out = (work / f"media-{n}").resolve(), (work / f"out-{n}").resolve()
     shutil.rmtree(media, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     srcs = [(p, p.stat()) for p in sources(work, n)]
