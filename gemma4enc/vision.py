@@ -2,11 +2,12 @@
 
 The same modules, tensor names and arithmetic as transformers' Gemma4VisionModel and
 Gemma4MultimodalEmbedder, op for op: tests/test_vision.py holds every output bit-equal to
-theirs in float32. We keep our own copy so that encoding needs no `import transformers`:
-that import (and its config classes) is most of a short run's start-up, and the tower is
-all a run needs of it (docs/benchmarks.md). What differs is only what our batching needs:
-no padding (our calls carry none), attention over a whole stack or kept inside each item of
-a pack (`segments`), and clip bounds read once as Python floats.
+theirs, in float32 and bfloat16. We keep our own copy so that encoding needs no `import
+transformers`: that import (and its config classes) is most of a short run's start-up, and
+the tower is all a run needs of it (docs/benchmarks.md). What differs is only what our
+batching needs (no padding: our calls carry none; attention over a whole stack or kept inside
+each item of a pack, `segments`), clip bounds read once as Python floats, and a few steps done
+in place on tensors the step itself made (the same arithmetic, fewer large temporaries).
 """
 
 from __future__ import annotations
