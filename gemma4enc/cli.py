@@ -548,6 +548,7 @@ def main() -> None:
     """The console script: every command maps its errors to EXIT_CODES (see Command)."""
     # Before torch loads OpenMP: its threads sleep when they run out of work instead of spinning.
     # On a CPU shared with anything else, a spinning thread takes the core its busy sibling needs,
-    # and the tower loses far more than the cores it shares (docs/benchmarks.md). Yours wins.
+    # and the tower loses far more than the cores it shares (docs/benchmarks.md). A value already
+    # in the environment is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     app()

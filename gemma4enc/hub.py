@@ -463,7 +463,12 @@ def config_file(repo_id: str, revision: str | None = None) -> Path:
         raise UsageError(f"{repo_id}: its config.json is not in the cache and the hub cannot be reached "
                          f"(HF_HUB_OFFLINE, or {_host()} does not resolve)") from None
     except HfHubHTTPError as e:
-        raise UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise _hub_error(repo_id, e) from None
+
+
+def _hub_error(repo_id: str, e: Exception) -> UsageError:
+    """huggingface_hub's answer (gated, not found, …) in one line."""
+    return UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}")
 
 
 def cached(repo_id: str, revision: str | None) -> tuple[Path, str] | None:
@@ -589,7 +594,7 @@ def fetch(repo_id: str, revision: str | None = None, log: Log = say) -> dict:
     except (httpx2.TransportError, OfflineModeIsEnabled):
         return _found(repo_id, *_local(repo_id, revision, "the hub could not be reached"))
     except HfHubHTTPError as e:
-        raise UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise _hub_error(repo_id, e) from None
 
 
 def hub_files(repo_id: str, revision: str | None = None, log: Log = say) -> tuple[Path, str | None]:
