@@ -8,8 +8,6 @@ whatever the folder's size.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import queue
 import time
 from collections import deque
@@ -19,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .discover import Item
+from .heap import give_back_free_memory
 from .errors import TooManyFailures  # noqa: F401 - raised here, imported from here by the engines
 from .options import Options
 from .plan import Unit, batches
@@ -164,39 +163,6 @@ def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, 
     summary.seconds = time.perf_counter() - start
     summary.device_patches = [e.patches for e in encoders]
     return summary
-
-
-def give_back_free_memory(slack: int = 256 << 20) -> None:
-    """Once a window is done: if the heap holds more than `slack` bytes free, hand its free pages
-    back to the OS (glibc's malloc_trim).
-
-    Each window frees large buffers (decoded pixels, the tower's temporaries) that glibc placed
-    on the heap between small ones that live on (the tokens a shard collects until it is
-    written). Without this the freed holes stay resident: 10,000 small photos took 1.9–4.7 GB
-    instead of ~0.5 GB (docs/benchmarks.md). Trimming every window would cost the tower its warm
-    pages (seconds on 14 large photos), hence the slack. Nothing happens where there is no glibc."""
-    if _LIBC is not None and _LIBC.mallinfo2().fordblks > slack:
-        _LIBC.malloc_trim(0)
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def _libc():
-    """glibc with malloc_trim and mallinfo2 (2.33 and later), or None."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallinfo2.restype = _Mallinfo2
-        libc.malloc_trim  # noqa: B018 - present, or AttributeError
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_LIBC = _libc()
 
 
 def default_window(mode: str, max_patches: int) -> int:
