@@ -11,9 +11,10 @@ VENV_LOWEST ?= .venv-lowest
 LOWEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py tests/test_vision.py
 
-.PHONY: install test test-lowest bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
+.PHONY: venv install wheel-check test test-lowest bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
 
-install:
+# a venv with torch: kept where one is installed, else CUDA's where a GPU answers, else the CPU wheel
+venv:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "keeping the installed torch: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
@@ -22,7 +23,26 @@ install:
 	else \
 		$(PY) -m pip install -q "$(TORCH_CPU)"; \
 	fi
+
+install: venv
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+
+# what `pip install .` ships, as a user gets it: the sdist and the wheel built, the wheel (not
+# editable) installed into a fresh venv, then run from outside the checkout: --version, demo, encode, verify
+VENV_WHEEL ?= .venv-wheel
+wheel-check:
+	rm -rf dist $(VENV_WHEEL) .wheel-run .wheel-src
+	# from a copy of the tracked files: a stale egg-info or build/ here could fill a gap in the package list
+	mkdir .wheel-src && git ls-files -z | xargs -0 cp --parents -t .wheel-src
+	$(PY) -m build --no-isolation -o dist .wheel-src >/dev/null  # the sdist, then the wheel from it
+	$(MAKE) venv VENV=$(VENV_WHEEL) PYTHON=$(PYTHON)
+	$(VENV_WHEEL)/bin/python -m pip install -q dist/*.whl
+	mkdir -p .wheel-run && cd .wheel-run && \
+		../$(VENV_WHEEL)/bin/gemma4enc --version && \
+		../$(VENV_WHEEL)/bin/gemma4enc demo demo >/dev/null && \
+		../$(VENV_WHEEL)/bin/gemma4enc encode demo/media -o out --model demo/tiny-gemma4 --dtype float32 --device cpu -q && \
+		../$(VENV_WHEEL)/bin/gemma4enc verify out
+	@echo "wheel-check: the installed wheel encodes and verifies"
 
 test:
 	$(PY) -m pytest -q tests
@@ -61,7 +81,7 @@ demo:
 	$(PY) -m gemma4enc demo ./demo
 
 clean:
-	rm -rf $(VENV) $(VENV_LOWEST) demo bench-out *.egg-info
+	rm -rf $(VENV) $(VENV_LOWEST) $(VENV_WHEEL) .wheel-run .wheel-src dist demo bench-out *.egg-info
 
 bench-video:
 	$(PY) benchmarks/video_decode.py
