@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gemma4enc import benchmedia  # noqa: E402
+from gemma4enc.dev import benchmedia  # noqa: E402
 
 IMAGE_METHODS = ("fast", "exact", "transformers")
 VIDEO_METHODS = ("auto", "pyav") + (("decord",) if __import__("importlib.util").util.find_spec("decord") else ())
@@ -50,17 +50,17 @@ def log(message: str) -> None:
 
 def child(spec: dict) -> dict:
     """Run one method over the files `repeats` times; CPU seconds per file, RSS after imports."""
-    from gemma4enc.decode import Sampling
-    from gemma4enc.discover import SNIFF_BYTES, Item, sniff
+    from gemma4enc.options import Sampling
+    from gemma4enc.media.discover import SNIFF_BYTES, Item, sniff
     from gemma4enc.options import Options
-    from gemma4enc.workers import prepare
+    from gemma4enc.media.workers import prepare
 
     method, files, label = spec["method"], spec["files"], spec["label"]
     if method == "transformers":
         from PIL import Image, ImageOps
         from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-        from gemma4enc.decode import _register_heif
+        from gemma4enc.media.decode import _register_heif
 
         _register_heif()  # HEIC opens in Pillow as it does for gemma4enc (pillow-heif's opener)
         processor = Gemma4ImageProcessorPil(max_soft_tokens=spec["budget"])
@@ -85,7 +85,7 @@ def child(spec: dict) -> dict:
                 raise SystemExit(f"{path}: {d.status}: {d.error}")
             return sum(p.n for p in d.patches), len(d.patches)
 
-    from gemma4enc.e2e import peak_rss  # VmHWM, not ru_maxrss: Linux carries that across exec from the parent
+    from gemma4enc.dev.e2e import peak_rss  # VmHWM, not ru_maxrss: Linux carries that across exec from the parent
 
     base_rss = peak_rss()  # the modules a worker holds
     one(files[0])  # warm-up: first-call costs (codec tables, lazy imports) are not per-file costs
@@ -114,8 +114,8 @@ def measure(spec: dict) -> dict:
 
 
 def psnr_fast_vs_exact(files: list[str], budget: int) -> list[float]:
-    from gemma4enc.decode import decode_image
-    from gemma4enc.patches import patchify
+    from gemma4enc.media.decode import decode_image
+    from gemma4enc.media.patches import patchify
 
     scores = []
     for path in files:
@@ -131,9 +131,9 @@ def profile(files: list[str], budget: int, resize: str, top: int = 6) -> dict[st
     import cProfile
     import pstats
 
-    from gemma4enc.discover import Item
+    from gemma4enc.media.discover import Item
     from gemma4enc.options import Options
-    from gemma4enc.workers import prepare
+    from gemma4enc.media.workers import prepare
 
     options = Options(image_tokens=budget, resize=resize)
     items = [Item(f, "image", os.path.getsize(f), 0) for f in files]

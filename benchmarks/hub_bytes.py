@@ -41,7 +41,7 @@ def old_way(repo: str) -> None:
     """What model._hub_files did before: whole files through hf_hub_download."""
     from huggingface_hub import hf_hub_download
 
-    from gemma4enc.hub import INDEX, SINGLE, is_vision
+    from gemma4enc.model.layouts import INDEX, SINGLE, is_vision
 
     hf_hub_download(repo, "config.json")
     try:
@@ -54,7 +54,7 @@ def old_way(repo: str) -> None:
 
 
 def measure(folder: Path, ranges: bool, way: str, work: Path) -> dict:
-    from gemma4enc import hub
+    from gemma4enc.model import hub
     from tests.hub_server import HubServer
 
     with HubServer(ranges=ranges) as server:

@@ -44,7 +44,7 @@ FLAGS = ["--device", "cpu", "--dtype", "float32", "--out-dtype", "float32", "--m
 
 
 def checkpoint(work: Path) -> Path:
-    from gemma4enc import demo
+    from gemma4enc.dev import demo
 
     folder = work / "ckpt"
     if not (folder / "config.json").exists():
@@ -54,7 +54,7 @@ def checkpoint(work: Path) -> Path:
 
 def sources(work: Path, n: int = 1) -> list[Path]:
     """SOURCES photos, copied as often as N links need (each copy its own inode)."""
-    from gemma4enc.demo import write_images
+    from gemma4enc.dev.demo import write_images
 
     folder = work / "sources"
     if not folder.exists():
@@ -97,9 +97,9 @@ class Output:
     """A finished output folder written shard by shard: settings.json, shards, manifest.jsonl."""
 
     def __init__(self, out: Path, ckpt: Path):
-        from gemma4enc.ledger import MANIFEST
+        from gemma4enc.output.files import MANIFEST
         from gemma4enc.options import Options
-        from gemma4enc.outdir import settings_of
+        from gemma4enc.output.settings import settings_of
 
         out.mkdir(parents=True)
         # what a run with FLAGS records: the model's resolved path, the dtype it ran in, no hub revision
@@ -112,7 +112,7 @@ class Output:
         import torch
         from safetensors.torch import save_file
 
-        from gemma4enc.ledger import line_of
+        from gemma4enc.output.files import line_of
 
         name = f"shard-{number:06d}.safetensors"
         meta = {"format_version": "1", "out_dtype": "float32", "hidden_size": str(self.width)}
@@ -221,7 +221,9 @@ marks = {}
 c0 = time.process_time()
 def mark(name):  # (wall s, this process's CPU s) since start: the machine is shared, CPU says more
     marks.setdefault(name, (round(time.perf_counter() - t0, 3), round(time.process_time() - c0, 3)))
-from gemma4enc import cli, run, workers
+from gemma4enc.commands import cli
+from gemma4enc.media import workers
+from gemma4enc.run import encode as run
 mark("cli imported")
 def wrap(owner, name, before=None, after=None):
     real = getattr(owner, name)
@@ -237,7 +239,7 @@ real_engine = run._engine
 def engine(name):
     mark("engine: chosen")
     encode = real_engine(name)
-    from gemma4enc import model as local
+    from gemma4enc.model import load as local
     real_open = local.open_tower
     def open_tower(*a, **k):
         mark("model: load begins")

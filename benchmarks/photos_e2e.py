@@ -66,8 +66,8 @@ def checkpoint(work: Path, layers: int) -> Path:
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
     from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
 
-    from gemma4enc.bench import SIZES
-    from gemma4enc.demo import randomize_
+    from gemma4enc.dev.bench import SIZES
+    from gemma4enc.dev.demo import randomize_
 
     spec = dict(SIZES["e2b"], num_hidden_layers=layers)
     text = Gemma4TextConfig(hidden_size=spec.pop("text"), num_hidden_layers=1, intermediate_size=256, vocab_size=64,

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def rss(counts=(500, 5000), workers=None, log=print) -> dict:
     from PIL import Image
 
-    from gemma4enc.demo import barcode_frame, build, write_video
-    from gemma4enc.workers import default_workers
+    from gemma4enc.dev.demo import barcode_frame, build, write_video
+    from gemma4enc.media.workers import default_workers
 
     workers = default_workers() if workers is None else workers
     report = {"workers": workers, "runs": {}}

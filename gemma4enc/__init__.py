@@ -15,11 +15,11 @@ def open(out, framework: str = "pt"):  # noqa: A001 - the reader's natural name,
     framework="pt": torch tensors in the stored dtype; "numpy": float32 numpy arrays (lookups, frames,
     pooled), no torch needed."""
     if framework == "numpy":
-        from .npreader import NumpyEmbeddings
+        from .output.npreader import NumpyEmbeddings
 
         return NumpyEmbeddings(out)
     if framework != "pt":
         raise ValueError(f"framework {framework!r}: use 'pt' or 'numpy'")
-    from .shards import Embeddings
+    from .output.reader import Embeddings
 
     return Embeddings(out)

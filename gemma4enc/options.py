@@ -11,10 +11,12 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 
-from .decode import Sampling
-from .errors import UsageError
-from .patches import SOFT_TOKEN_BUDGETS
+import numpy as np
 
+from .errors import UsageError
+
+SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the soft-token budgets Gemma 4's processor knows
+DEFAULT_FRAMES = 32  # frames per video, uniform (Gemma4VideoProcessor's default), and the cap with --fps
 DEFAULT_MODEL = "google/gemma-4-E2B-it"  # the smallest released Gemma 4 with a vision tower
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 OUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -49,6 +51,29 @@ def format_size(size: int) -> str:
     exact = [f"{size // SIZE_UNITS[u.upper()]}{u}" for u in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB")
              if size % SIZE_UNITS[u.upper()] == 0]
     return min([*exact, str(size)], key=len)  # not the first unit that divides: 256MB is also 250000KiB
+
+
+@dataclass(frozen=True)
+class Sampling:
+    frames: int | None = DEFAULT_FRAMES  # uniform frames per video (Gemma4VideoProcessor's default); None with fps
+    fps: float | None = None  # or: frames per second of video, capped by max_frames
+    max_frames: int = DEFAULT_FRAMES  # cap for fps sampling
+
+    def indices(self, total: int, timestamps: np.ndarray | None = None) -> list[int]:
+        """Frame indices to take from a video of `total` frames (presentation order)."""
+        if total <= 0:
+            return []
+        if self.fps is None:
+            n = min(self.frames or DEFAULT_FRAMES, total)
+            return [i * total // n for i in range(n)]  # as Gemma4VideoProcessor: arange(n) * total // n
+        assert timestamps is not None and len(timestamps) == total
+        wanted = np.arange(0.0, float(timestamps[-1]) + 1e-9, 1.0 / self.fps)
+        # the last frame shown at or before each wanted time
+        idx = np.clip(np.searchsorted(timestamps, wanted + 1e-6, side="right") - 1, 0, total - 1)
+        idx = sorted(set(idx.tolist()))
+        if len(idx) > self.max_frames:
+            idx = [idx[i * len(idx) // self.max_frames] for i in range(self.max_frames)]
+        return idx
 
 
 @dataclass(frozen=True)

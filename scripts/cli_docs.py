@@ -17,7 +17,7 @@ WIDTH = 100  # help text is wrapped to the terminal; a fixed width makes it repr
 def help_text(args: list[str]) -> str:
     from typer.testing import CliRunner
 
-    from gemma4enc.cli import app
+    from gemma4enc.commands.cli import app
 
     result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": str(WIDTH), "TERM": "dumb", "NO_COLOR": "1"},
                                 terminal_width=WIDTH, prog_name="gemma4enc")
@@ -29,7 +29,7 @@ def help_text(args: list[str]) -> str:
 def render() -> str:
     import typer
 
-    from gemma4enc.cli import app
+    from gemma4enc.commands.cli import app
 
     commands = list(typer.main.get_command(app).commands)  # in the order cli.py declares them
     parts = ["# Command-line reference", "",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gemma4enc import demo
+from gemma4enc.dev import demo
 
 from .corpus import good_media
 from .helpers import SHAPES, photo, reference

@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 from pillow_heif import register_heif_opener
 
-from gemma4enc.demo import write_video
+from gemma4enc.dev.demo import write_video
 
 from .helpers import photo
 

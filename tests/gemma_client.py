@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from transformers.video_processing_utils import VideoProcessorMixin
 
-from gemma4enc import demo
+from gemma4enc.dev import demo
 
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]
 MM = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
@@ -157,7 +157,7 @@ def encode(media: Path, out: Path, ckpt: Path, *extra: str):
     from typer.testing import CliRunner
 
     import gemma4enc
-    from gemma4enc.cli import app
+    from gemma4enc.commands.cli import app
 
     args = ["encode", str(media), "-o", str(out), "--model", str(ckpt), "--device", "cpu", "--workers", "0",
             "--max-soft-tokens", str(IMAGE_TOKENS), "--frames", str(FRAMES), "--video-backend", "pyav", "-q", *extra]

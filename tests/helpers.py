@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from gemma4enc.cli import app
+from gemma4enc.commands.cli import app
 
 RUN = CliRunner()
 

@@ -179,7 +179,7 @@ def build_checkpoint(folder: Path, seed: int = 0, shard_size: str = "1MB"):
     transformers in shards with an index, as the released 26B/31B are."""
     from transformers import Gemma4ForConditionalGeneration
 
-    from gemma4enc import demo
+    from gemma4enc.dev import demo
 
     config = demo.tiny_config(clipped=True, standardize=True)
     config.text_config.vocab_size = config.text_config.vocab_size_per_layer_input = 65536
@@ -193,7 +193,7 @@ def headers_and_vision(folder: Path) -> tuple[int, int, dict]:
     """Of the files holding vision tensors: their headers' bytes, their vision bytes, the tensors."""
     from safetensors import safe_open
 
-    from gemma4enc.hub import is_vision
+    from gemma4enc.model.layouts import is_vision
 
     header_bytes = vision_bytes = 0
     tensors = {}

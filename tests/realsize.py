@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from gemma4enc.demo import random_tensor
+from gemma4enc.dev.demo import random_tensor
 
 ON_DEVICE = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=16, num_attention_heads=12,
                  num_key_value_heads=12, head_dim=64, use_clipped_linears=True, standardize=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gemma4enc.bench import bench, random_tower, workload
-from gemma4enc.e2e import e2e
-from gemma4enc.patches import patchify
+from gemma4enc.dev.bench import bench, random_tower, workload
+from gemma4enc.dev.e2e import e2e
+from gemma4enc.media.patches import patchify
 
 from .helpers import close, hf_image_features, reference
 
@@ -29,7 +29,7 @@ def test_bench_reports_every_method():
 
 def test_e2e_bench_generates_real_kinds_once_and_reports_each(tmp_path, monkeypatch):
     """bench --e2e on the generated set, shrunk: every kind measured, cached for the next run."""
-    from gemma4enc import benchmedia
+    from gemma4enc.dev import benchmedia
 
     monkeypatch.setenv("GEMMA4ENC_BENCH_MEDIA", str(tmp_path / "media"))
     monkeypatch.setenv("GEMMA4ENC_BENCH_SCALE", "0.03")
@@ -82,7 +82,7 @@ def test_cuda_pack_and_bucket_match_serial_in_bfloat16():
 
 @cuda
 def test_cuda_bfloat16_matches_reference(ckpt_sharded, photos):
-    from gemma4enc.model import load_tower
+    from gemma4enc.model.load import load_tower
 
     tower = load_tower(str(ckpt_sharded), "bfloat16", "cuda")
     ref = reference(ckpt_sharded, torch.bfloat16)
@@ -93,8 +93,8 @@ def test_cuda_bfloat16_matches_reference(ckpt_sharded, photos):
 
 @cuda
 def test_cuda_memory_model_predicts_the_peak_within_20_percent():
-    from gemma4enc.bench import PeakMemory
-    from gemma4enc.plan import Unit, batches, measure_memory
+    from gemma4enc.dev.bench import PeakMemory
+    from gemma4enc.model.batching import Unit, batches, measure_memory
 
     tower = random_tower("e2b", 4, torch.device("cuda"), torch.bfloat16)
     for mode in ("pack", "bucket"):
@@ -110,7 +110,7 @@ def test_cuda_memory_model_predicts_the_peak_within_20_percent():
 def test_bench_folder_needs_e2e_and_media(tmp_path):
     from typer.testing import CliRunner
 
-    from gemma4enc.cli import app
+    from gemma4enc.commands.cli import app
 
     run = CliRunner()
     without = run.invoke(app, ["bench", str(tmp_path)])

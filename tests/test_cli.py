@@ -14,8 +14,8 @@ from safetensors import safe_open
 from transformers.image_utils import load_image
 
 import gemma4enc
-from gemma4enc.cli import app
-from gemma4enc.demo import write_images, write_video
+from gemma4enc.commands.cli import app
+from gemma4enc.dev.demo import write_images, write_video
 
 from .helpers import BASE, RUN, close, encode, flags, hf_image_features, shard_tokens
 
@@ -124,12 +124,12 @@ def test_bucket_equals_serial_and_pack_is_close(media, ckpt_sharded, tmp_path):
 
 def test_several_devices_equal_one_and_share_the_work(media, ckpt_sharded, tmp_path):
     """--devices: one tower per device, windows to the first free one, output bit-equal to one device."""
-    from gemma4enc.decode import Sampling
-    from gemma4enc.discover import discover
+    from gemma4enc.options import Sampling
+    from gemma4enc.media.discover import discover
     from gemma4enc.options import Options
-    from gemma4enc.pipeline import run as run_pipeline
-    from gemma4enc.shards import ShardWriter
-    from gemma4enc.model import load_tower
+    from gemma4enc.run.pipeline import run as run_pipeline
+    from gemma4enc.output.shards import ShardWriter
+    from gemma4enc.model.load import load_tower
 
     one = encode([media, "-o", tmp_path / "one", "--model", ckpt_sharded, *BASE])
     two = encode([media, "-o", tmp_path / "two", "--model", ckpt_sharded, *BASE, "--devices", "cpu,cpu"])
@@ -215,7 +215,7 @@ def test_compile_flag_reaches_the_tower(media, ckpt_sharded, tmp_path, monkeypat
 
 
 def test_the_summary_says_when_decode_is_the_bottleneck():
-    from gemma4enc.pipeline import Summary, where_time_went
+    from gemma4enc.run.pipeline import Summary, where_time_went
 
     facts, verdict = where_time_went(Summary(files=100, seconds=10.0, decode_wait=6.2), workers=8)
     assert facts == {"tower_waited_share": 0.62, "decode_files_per_s_per_worker": 1.25}
@@ -232,7 +232,7 @@ def test_the_console_script_lets_idle_openmp_threads_sleep_unless_told(given, se
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
-    code = ("import os, sys\nsys.argv = ['gemma4enc', '--version']\nfrom gemma4enc.cli import main\n"
+    code = ("import os, sys\nsys.argv = ['gemma4enc', '--version']\nfrom gemma4enc.commands.cli import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\nprint(os.environ['OMP_WAIT_POLICY'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == seen, done.stderr

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gemma4enc.decode import DecodeError, Sampling, decode_image, decode_video, snap_to_keyframes
-from gemma4enc.demo import read_barcode, rotate_mp4, write_video
+from gemma4enc.media.decode import DecodeError, decode_image, decode_video, snap_to_keyframes
+from gemma4enc.options import Sampling
+from gemma4enc.dev.demo import read_barcode, rotate_mp4, write_video
 
 MAX = 89_478_485
 
@@ -128,7 +129,7 @@ def long_gops(tmp_path_factory):
 def test_skipping_unreferenced_frames_changes_no_pixel(long_gops, name, threads, monkeypatch):
     import av
 
-    from gemma4enc import decode
+    from gemma4enc.media import decode
 
     monkeypatch.setattr(decode, "THREADS", threads)  # a run's tail: frame threads, same frames
 
@@ -166,9 +167,9 @@ def test_keyframe_seek_takes_and_records_keyframes(clips, name, backend):
 
 
 def test_keyframe_seek_reaches_the_manifest_fields(clips):
-    from gemma4enc.discover import discover
+    from gemma4enc.media.discover import discover
     from gemma4enc.options import Options
-    from gemma4enc.workers import prepare
+    from gemma4enc.media.workers import prepare
 
     (item,), _ = discover([str(clips / "h264.mp4")])
     exact = prepare(item, Options(sampling=Sampling(frames=8)))
@@ -200,10 +201,10 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def test_fast_resize_holds_the_floor_on_full_hd_frames(full_hd):
-    from gemma4enc.discover import discover
+    from gemma4enc.media.discover import discover
     from gemma4enc.options import Options
-    from gemma4enc.patches import patchify
-    from gemma4enc.workers import prepare
+    from gemma4enc.media.patches import patchify
+    from gemma4enc.media.workers import prepare
 
     (item,), _ = discover([str(full_hd)])
     fast = prepare(item, Options(sampling=Sampling(frames=6)))
@@ -217,7 +218,7 @@ def test_fast_resize_holds_the_floor_on_full_hd_frames(full_hd):
 
 
 def test_prefit_leaves_what_it_cannot_reduce_safely():
-    from gemma4enc.decode import prefit
+    from gemma4enc.media.decode import prefit
 
     small = np.zeros((480, 854, 3), np.uint8)  # the bicubic shrinks it < 2 × PREFIT_GAP: untouched
     assert prefit(small, 70) is small
@@ -283,7 +284,7 @@ def test_without_decord_auto_uses_pyav(clips, monkeypatch):
 
 def test_auto_takes_pyav_and_falls_back_to_decord(clips, monkeypatch):
     """auto: PyAV (it skips unneeded frames); decord only where PyAV cannot read the file."""
-    from gemma4enc import decode
+    from gemma4enc.media import decode
 
     pytest.importorskip("decord")
     first = decode_video(str(clips / "h264.mp4"), Sampling(frames=4), "auto")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemma4enc.cli import app
+from gemma4enc.commands.cli import app
 
 from .helpers import BASE, RUN, encode_in_subprocess, shard_tokens
 
@@ -29,7 +29,7 @@ def test_bad_flags_exit_2_with_one_line_before_torch_is_imported(good, tmp_path)
     runs.append([str(tmp_path / "medai"), "-o", str(tmp_path / "out"), "--json"])  # a mistyped root
     code = f"""
 import contextlib, io, json, sys
-from gemma4enc.cli import main
+from gemma4enc.commands.cli import main
 results = []
 for args in {runs!r}:
     sys.argv = ["gemma4enc", "encode", *args]
@@ -56,7 +56,7 @@ print(json.dumps({{"results": results, "heavy": heavy}}))
 
 
 def test_an_interrupt_and_a_bug_get_their_codes_and_json(good, ckpt, tmp_path, monkeypatch):
-    import gemma4enc.run
+    import gemma4enc.run.encode
 
     args = ["encode", str(good), "-o", str(tmp_path / "out"), "--model", str(ckpt), "--json", "-q"]
 
@@ -66,11 +66,11 @@ def test_an_interrupt_and_a_bug_get_their_codes_and_json(good, ckpt, tmp_path, m
     def buggy(*a, **k):
         raise RuntimeError("something nobody foresaw\nsecond line")
 
-    monkeypatch.setattr(gemma4enc.run, "encode_files", interrupted)
+    monkeypatch.setattr(gemma4enc.run.encode, "encode_files", interrupted)
     result = RUN.invoke(app, args)
     assert result.exit_code == 130 and "re-run to resume" in result.output
     assert json.loads(result.stdout)["exit_code"] == 130
-    monkeypatch.setattr(gemma4enc.run, "encode_files", buggy)
+    monkeypatch.setattr(gemma4enc.run.encode, "encode_files", buggy)
     for debug in ("", "1"):
         monkeypatch.setenv("GEMMA4ENC_DEBUG", debug)
         result = RUN.invoke(app, args)
@@ -138,7 +138,7 @@ def test_safetensors_errors_read_as_the_os_error_they_wrap(tmp_path):
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    from gemma4enc.shards import reason
+    from gemma4enc.errors import reason
 
     with tmpfs(tmp_path / "tiny", "64k") as tiny, pytest.raises(SafetensorError) as e:
         save_file({"t": torch.zeros(1 << 18)}, str(tiny / "x.safetensors"))

@@ -65,7 +65,7 @@ def test_the_prompt_is_the_processors(client):
     image, other, video = client.inputs.media
     assert image.frame_tokens == [client.pixels["image_position_ids"][0].ne(-1).all(-1).sum().item() // 9]
     assert video.kind == "video" and len(video.frame_tokens) == FRAMES and len(set(video.frame_tokens)) == 1
-    assert [gemma4enc.gemma.mmss(t) for t in video.timestamps] == ["00:00", "00:00", "00:00", "00:01"]
+    assert [gemma4enc.output.gemma.mmss(t) for t in video.timestamps] == ["00:00", "00:00", "00:00", "00:01"]
     text = client.inputs.prompt(TEXT)[0]
     assert text.count("<|video|>") == sum(video.frame_tokens) and "00:01 <|image><|video|>" in text
 
@@ -85,7 +85,7 @@ def test_wrong_tokens_change_the_output(client):
     model, batch = client.model, client.batch
     want = logits(model, client.pixels)
     frames = batch["mm_encoder_outputs"]["video"].pooler_output
-    swapped = dict(batch["mm_encoder_outputs"], video=gemma4enc.gemma._output(frames[::-1]))
+    swapped = dict(batch["mm_encoder_outputs"], video=gemma4enc.output.gemma._output(frames[::-1]))
     with pytest.raises(AssertionError):
         close(logits(model, batch | {"mm_encoder_outputs": swapped}), want, rel=1e-2)
     causal = logits(model, {k: v for k, v in batch.items() if k != "mm_token_type_ids"})

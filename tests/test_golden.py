@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 
 from gemma4enc.options import Options
-from gemma4enc.shards import FORMAT_VERSION, ShardWriter, shard_metadata
+from gemma4enc.output.shards import FORMAT_VERSION, ShardWriter, shard_metadata
 
 GOLDEN = Path(__file__).parent / "golden" / "shard-header-v1.json"
 ROOT = Path(__file__).parents[1]

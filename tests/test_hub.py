@@ -12,10 +12,11 @@ import torch
 from safetensors import safe_open
 
 import gemma4enc
-from gemma4enc import hub as hub_mod
-from gemma4enc.cli import app
+from gemma4enc.model import hub as hub_mod
+from gemma4enc.model.hub import ranges as hub_ranges
+from gemma4enc.commands.cli import app
 from gemma4enc.errors import UsageError
-from gemma4enc.model import find_checkpoint
+from gemma4enc.model.checkpoint import find_checkpoint
 
 from .helpers import BASE, RUN, encode, photo
 from .hub_server import HubServer, build_checkpoint, headers_and_vision
@@ -202,7 +203,7 @@ def test_a_cut_connection_resumes_with_only_the_rest(serve, sharded):
 
 def test_a_run_that_gives_up_is_resumed_by_the_next(serve, sharded, monkeypatch):
     header_bytes, vision_bytes, original = headers_and_vision(sharded)
-    monkeypatch.setattr(hub_mod, "RETRIES", 0)
+    monkeypatch.setattr(hub_ranges, "RETRIES", 0)
     with serve() as server:
         server.cut_after = 300_000
         with pytest.raises(UsageError, match="run again to resume"):

@@ -14,10 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gemma4enc import demo, layouts
+from gemma4enc.dev import demo
+from gemma4enc.model import layouts
 from gemma4enc.errors import UsageError
-from gemma4enc.model import load_tower
-from gemma4enc.patches import patchify
+from gemma4enc.model.load import load_tower
+from gemma4enc.media.patches import patchify
 
 from .helpers import encode_argv, flags, photo
 from .helpers import encode as run_encode
@@ -89,9 +90,9 @@ def add_clip_scalars(t):
 
 def test_gemma3n_leftovers_are_skipped_with_one_line_and_change_nothing(ckpt, tmp_path, caplog, media):
     dirty = rewrite(ckpt, tmp_path / "dirty", add_gemma3n_leftovers)
-    with caplog.at_level(logging.WARNING, logger="gemma4enc.layouts"):
+    with caplog.at_level(logging.WARNING, logger="gemma4enc.model.layouts"):
         got = tokens(dirty)
-    lines = [r.getMessage() for r in caplog.records if r.name == "gemma4enc.layouts"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gemma4enc.model.layouts"]
     assert len(lines) == 1, lines
     assert "skipped 3 tensor(s)" in lines[0] and "Gemma 3n-era" in lines[0]
     assert "model.embed_vision.embedding.weight" in lines[0]
@@ -108,9 +109,9 @@ def test_gemma3n_leftovers_are_skipped_with_one_line_and_change_nothing(ckpt, tm
 def test_clip_scalars_unused_by_the_config_are_skipped(unclipped, tmp_path, caplog):
     dirty = rewrite(unclipped, tmp_path / "clips", add_clip_scalars)
     n = 4 * 7 * 2  # 4 scalars × 7 linears × 2 layers
-    with caplog.at_level(logging.WARNING, logger="gemma4enc.layouts"):
+    with caplog.at_level(logging.WARNING, logger="gemma4enc.model.layouts"):
         got = tokens(dirty)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "gemma4enc.layouts"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "gemma4enc.model.layouts"]
     assert f"skipped {n} tensor(s)" in line and "use_clipped_linears: false" in line and f"and {n - 3} more" in line
     for a, b in zip(got, tokens(unclipped)):
         assert torch.equal(a, b)

@@ -14,10 +14,11 @@ import torch
 from typer.testing import CliRunner
 
 import gemma4enc
-from gemma4enc import discover as discover_module
-from gemma4enc import outdir
-from gemma4enc.cli import app
-from gemma4enc.ledger import MANIFEST, Ledger, line_of
+from gemma4enc.media import discover as discover_module
+from gemma4enc.output import compact as compacting
+from gemma4enc.commands.cli import app
+from gemma4enc.output.files import MANIFEST, line_of
+from gemma4enc.output.ledger import Ledger
 
 from .helpers import BASE, encode, photo, shard_tokens
 
@@ -49,7 +50,7 @@ def test_a_no_op_rerun_imports_no_torch_and_starts_no_worker(done, ckpt):
     media, out, _, first = done
     script = (
         "import json, multiprocessing, multiprocessing.forkserver, sys\n"
-        "from gemma4enc.cli import app\n"
+        "from gemma4enc.commands.cli import app\n"
         f"args = ['encode', {str(media)!r}, '-o', {str(out)!r}, '--model', {str(ckpt)!r}, *{BASE!r}]\n"
         "try:\n    app(args)\nexcept SystemExit as e:\n    code = e.code\n"
         "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules,"
@@ -151,16 +152,16 @@ def test_a_killed_prune_leaves_a_valid_folder(done, monkeypatch):
     media, out, tokens, _ = done
     (media / "p0.jpg").unlink()
     manifest_before = (out / MANIFEST).read_bytes()
-    real = outdir.atomic_write
+    real = compacting.atomic_write
 
     def die_on_manifest(path, write):
         if path.name == MANIFEST:
             raise KeyboardInterrupt  # killed after the new shards, before the manifest was replaced
         real(path, write)
 
-    monkeypatch.setattr(outdir, "atomic_write", die_on_manifest)
+    monkeypatch.setattr(compacting, "atomic_write", die_on_manifest)
     with pytest.raises(KeyboardInterrupt):
-        outdir.compact(out, prune=True)
+        compacting.compact(out, prune=True)
     assert (out / MANIFEST).read_bytes() == manifest_before
     report = json.loads(RUN.invoke(app, ["verify", str(out), "--json"]).stdout)
     assert report["ok"] and report["orphan_shards"]  # the half-done copy is an orphan, nothing else
@@ -170,7 +171,7 @@ def test_a_killed_prune_leaves_a_valid_folder(done, monkeypatch):
 
 def test_a_run_compacts_past_the_threshold(done, ckpt, monkeypatch):
     media, out, _, _ = done
-    monkeypatch.setattr(outdir, "AUTO_COMPACT_ROWS", 2)
+    monkeypatch.setattr(compacting, "AUTO_COMPACT_ROWS", 2)
     for i in range(4):  # 4 of 6 rows superseded: more dead than live… not yet; then 8 of 6
         photo(50, 50 + i, seed=50 + i).save(media / f"p{i}.jpg", quality=90)
     assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
@@ -199,7 +200,7 @@ def test_plan_reads_headers_of_new_files_only(done, monkeypatch):
 
 PROBE = '''
 import sys
-from gemma4enc.workers import prepare
+from gemma4enc.media.workers import prepare
 
 def probe(item, options):
     before = [m for m in ("torch", "transformers") if m in sys.modules]
@@ -211,9 +212,9 @@ def probe(item, options):
 
 def test_decode_workers_start_without_torch_or_transformers(tmp_path, monkeypatch):
     """Workers start from a forkserver that preloads only our decoders (started early, taken over by map)."""
-    from gemma4enc.discover import look
+    from gemma4enc.media.discover import look
     from gemma4enc.options import Options
-    from gemma4enc.workers import DecodePool
+    from gemma4enc.media.workers import DecodePool
 
     (tmp_path / "ledger_probe.py").write_text(PROBE)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -233,8 +234,8 @@ def test_decode_workers_start_without_torch_or_transformers(tmp_path, monkeypatc
 def test_a_fresh_run_starts_its_workers_before_torch_loads_and_closes_them(ckpt, tmp_path, monkeypatch):
     """A new output folder surely has work: its decode workers start before preflight (which imports
     torch) and the engine takes them over; a bad model still leaves no worker behind."""
-    from gemma4enc import preflight as preflight_module
-    from gemma4enc import workers
+    from gemma4enc.run import preflight as preflight_module
+    from gemma4enc.media import workers
 
     events = []
     real_start, real_preflight, real_map = workers.DecodePool.start, preflight_module.preflight, workers.DecodePool.map
@@ -302,7 +303,7 @@ def test_the_ledger_holds_more_than_65535_shard_names(tmp_path):
 
 def test_paths_that_share_a_hash_stay_apart(tmp_path, monkeypatch):
     """Lookups compare the stored path, so a hash collision (forced here) mixes no rows up."""
-    from gemma4enc import ledger as module
+    from gemma4enc.output import ledger as module
 
     monkeypatch.setattr(module, "hash", lambda path: 7, raising=False)
     rows = [{"path": p, "kind": "image", "size": s, "mtime_ns": 1, "status": "ok", "shard": "a", "index": s,

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from gemma4enc import model as model_mod
+from gemma4enc.model import checkpoint as model_mod
 from gemma4enc.errors import UsageError
-from gemma4enc.model import load_tower
+from gemma4enc.model.load import load_tower
 
 from .helpers import reference
 
@@ -82,7 +82,7 @@ def _run(args, env_extra):
 def test_hub_id_from_offline_cache(ckpt_sharded, tmp_path):
     home = tmp_path / "hf"
     _fake_hub_cache(home, "acme/tiny-gemma4", ckpt_sharded)
-    code = ("from gemma4enc.model import load_tower; t = load_tower('acme/tiny-gemma4', 'float32', 'cpu');"
+    code = ("from gemma4enc.model.load import load_tower; t = load_tower('acme/tiny-gemma4', 'float32', 'cpu');"
             "print(t.checkpoint.revision, t.out_dim)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, HF_HOME=str(home), HF_HUB_OFFLINE="1"))
@@ -140,7 +140,7 @@ def test_missing_folder_exits_2_with_one_line(tmp_path):
 
 
 def test_auto_dtype_is_bfloat16_where_the_device_multiplies_it_natively(tmp_path, monkeypatch):
-    from gemma4enc import model
+    from gemma4enc.model import load as model
 
     with_amx = tmp_path / "amx"
     with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n\n")

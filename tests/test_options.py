@@ -8,8 +8,8 @@ from dataclasses import fields
 import pytest
 from typer.testing import CliRunner
 
-from gemma4enc.cli import app
-from gemma4enc.decode import Sampling
+from gemma4enc.commands.cli import app
+from gemma4enc.options import Sampling
 from gemma4enc.errors import UsageError
 from gemma4enc.options import Options, format_size, parse_size
 
@@ -82,7 +82,7 @@ def test_the_fingerprint_is_marked_on_the_fields():
 
 
 def test_plan_validates_and_models_fps(tmp_path):
-    from gemma4enc.demo import write_video
+    from gemma4enc.dev.demo import write_video
 
     write_video(tmp_path / "clip.mp4", frames=60, fps=30)  # 2 s
     bad = RUN.invoke(app, ["plan", str(tmp_path), "--max-soft-tokens", "100"])
@@ -98,8 +98,8 @@ def test_plan_validates_and_models_fps(tmp_path):
 def test_settings_record_the_dtype_the_tower_ran_in_and_pooled(ckpt, tmp_path):
     """auto is resolved before it is recorded: a float32 folder refuses a bfloat16 run, and one
     with pooled tokens a run without them."""
-    from gemma4enc.demo import write_images
-    from gemma4enc.model import cpu_has_amx
+    from gemma4enc.dev.demo import write_images
+    from gemma4enc.model.load import cpu_has_amx
 
     write_images(tmp_path / "media")
     out = tmp_path / "out"
@@ -127,8 +127,8 @@ def test_importing_and_decoding_leave_the_hosts_settings_alone(tmp_path):
         "os.umask(0o027)\n"
         "from PIL import Image, ImageFile\n"
         "Image.MAX_IMAGE_PIXELS = 1234567; ImageFile.LOAD_TRUNCATED_IMAGES = True\n"
-        "import gemma4enc, gemma4enc.cli, gemma4enc.workers, gemma4enc.shards\n"
-        "from gemma4enc.decode import decode_image\n"
+        "import gemma4enc, gemma4enc.commands.cli, gemma4enc.media.workers, gemma4enc.output.shards\n"
+        "from gemma4enc.media.decode import decode_image\n"
         f"Image.new('RGB', (64, 48)).save({str(tmp_path / 'a.png')!r})\n"
         f"assert decode_image({str(tmp_path / 'a.png')!r}, 10_000).images[0].size == (64, 48)\n"
         "mask = os.umask(0); os.umask(mask)\n"

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
 
-from gemma4enc.patches import PATCH, POOL, SOFT_TOKEN_BUDGETS, target_size
+from gemma4enc.media.patches import PATCH, POOL, target_size
+from gemma4enc.options import SOFT_TOKEN_BUDGETS
 
 
 def theirs(h: int, w: int, budget: int):
@@ -52,7 +53,7 @@ def test_decode_workers_import_neither_torch_nor_transformers():
     import subprocess
     import sys
 
-    code = ("import sys, gemma4enc.workers, gemma4enc.decode, gemma4enc.patches; "
+    code = ("import sys, gemma4enc.media.workers, gemma4enc.media.decode, gemma4enc.media.patches; "
             "print(' '.join(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", out.stdout

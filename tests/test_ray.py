@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4enc.discover import discover
+from gemma4enc.media.discover import discover
 from gemma4enc.errors import UsageError
 from gemma4enc.options import Options
 
@@ -35,7 +35,7 @@ if os.environ.get("G4E_TEST_MARKS") and "default_worker.py" in " ".join(sys.argv
 
     class Hook(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name != "gemma4enc.pipeline":
+            if name != "gemma4enc.run.pipeline":
                 return None
             sys.meta_path.remove(self)
             spec = importlib.util.find_spec(name)
@@ -100,7 +100,7 @@ def test_ray_equals_local_and_resumes_what_is_left(media, ckpt, local, tmp_path)
 
     # each task's shard is named from its files: the names the driver can compute again
     items, _ = discover([str(media)], None, [], [], False)
-    from gemma4enc.engines.ray import make_tasks
+    from gemma4enc.run.ray import make_tasks
 
     tasks = {t["id"]: t for t in make_tasks([i for i in items if i.path not in started], 2)}
     ray_shards = {p.name for p in out.glob("shard-*-000.safetensors")}
@@ -178,7 +178,7 @@ def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_pa
 
 
 def test_pool_sizes_from_the_cluster():
-    from gemma4enc.engines.ray import plan_pool
+    from gemma4enc.run.ray import plan_pool
 
     def ray(**kw):  # the pool is planned for --engine ray, which Options now requires of --ray-actors
         return Options(engine="ray", **kw)
@@ -197,7 +197,7 @@ def test_pool_sizes_from_the_cluster():
 
 
 def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats():
-    from gemma4enc.engines.ray import connect
+    from gemma4enc.run.ray import connect
 
     def listening() -> set[str]:
         found = set()
@@ -222,7 +222,7 @@ def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats
 
 
 def test_the_local_engine_does_not_import_ray(media, ckpt, tmp_path):
-    code = ("import sys; from typer.testing import CliRunner; from gemma4enc.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from gemma4enc.commands.cli import app; "
             f"r = CliRunner().invoke(app, ['encode', {str(media / 'photo0.jpg')!r}, '-o', {str(tmp_path / 'o')!r}, "
             f"'--model', {str(ckpt)!r}, '--device', 'cpu', '-q']); "
             "assert r.exit_code == 0, r.output; assert 'ray' not in sys.modules; print('ok')")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gemma4enc.cli import app
-from gemma4enc.demo import write_video
+from gemma4enc.commands.cli import app
+from gemma4enc.dev.demo import write_video
 
 from . import gemma_client as gc
 from .helpers import photo

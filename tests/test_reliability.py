@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gemma4enc.cli import app
-from gemma4enc.discover import discover
+from gemma4enc.commands.cli import app
+from gemma4enc.media.discover import discover
 from gemma4enc.options import Options
-from gemma4enc.run import encode_files
+from gemma4enc.run.encode import encode_files
 
 from .corpus import ERROR_SAYS, EXPECTED, bad_media
 from .helpers import BASE, RUN, by_name, encode, encode_argv, flags, photo, shard_tokens, verify
@@ -151,7 +151,7 @@ def test_overwrite_is_needed_to_change_settings(good, ckpt, tmp_path):
 def test_one_run_per_folder_and_stale_locks(good, ckpt, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    hold = ("import sys, time; from pathlib import Path; from gemma4enc.outdir import Lock; "
+    hold = ("import sys, time; from pathlib import Path; from gemma4enc.output.lock import Lock; "
             "Lock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(120)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
     try:
@@ -161,10 +161,10 @@ def test_one_run_per_folder_and_stale_locks(good, ckpt, tmp_path):
     finally:
         holder.kill()  # dies holding it: the lock file stays, the flock goes
         holder.wait()
-    assert json.loads((out / "gemma4enc.lock").read_text())["pid"] == holder.pid
+    assert json.loads((out / "gemma4enc.output.lock").read_text())["pid"] == holder.pid
     result = RUN.invoke(app, ["encode", str(good), "-o", str(out), "--model", str(ckpt), *flags(quiet=False)])
     assert result.exit_code == 0 and "took over the lock" in result.output
-    assert not (out / "gemma4enc.lock").exists()
+    assert not (out / "gemma4enc.output.lock").exists()
 
 
 def test_a_file_that_vanishes_before_decode(good, ckpt, tmp_path):
@@ -221,8 +221,8 @@ def test_unreadable_file_and_folder_are_recorded(public_tmp):
             if os.geteuid() == 0:
                 os.setgid(65534)
                 os.setuid(65534)
-            from gemma4enc.discover import look
-            from gemma4enc.workers import prepare
+            from gemma4enc.media.discover import look
+            from gemma4enc.media.workers import prepare
 
             d = prepare(look(str(secret)), Options())
             listed = [prepare(i, Options()) for i in discover([str(tmp_path)])[0]]
@@ -243,7 +243,7 @@ def test_unreadable_file_and_folder_are_recorded(public_tmp):
 
 
 def test_write_failure_exits_4_and_a_rerun_completes(good, clean, ckpt, tmp_path, monkeypatch):
-    import gemma4enc.shards as shards
+    import gemma4enc.output.shards as shards
 
     calls = {"n": 0}
     real = shards.save_file
@@ -323,7 +323,7 @@ def test_kill_9_at_random_moments_then_resume(good, clean, ckpt, tmp_path):
     assert len(rows) == len(want) and all(r["status"] == "ok" for r in rows.values())
     report = verify(out)
     assert report["ok"] and not report["warnings"]
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == "gemma4enc.lock"]
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == "gemma4enc.output.lock"]
     got = {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
     # the same files, each once, with the reference's tokens. Within float32 rounding, not bit for
     # bit: one loaded full-suite run (of many) saw tokens differ between the reference and the

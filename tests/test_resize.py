@@ -10,9 +10,9 @@ from PIL import Image
 from safetensors import safe_open
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-from gemma4enc.camera import camera_photo, save_photo
-from gemma4enc.decode import DecodeError, decode_image
-from gemma4enc.patches import patchify
+from gemma4enc.dev.camera import camera_photo, save_photo
+from gemma4enc.media.decode import DecodeError, decode_image
+from gemma4enc.media.patches import patchify
 
 from .helpers import encode
 
@@ -129,7 +129,7 @@ def test_decode_benchmark_measures_a_folder(tmp_path):
     import sys
     from pathlib import Path
 
-    from gemma4enc.demo import write_video
+    from gemma4enc.dev.demo import write_video
 
     folder = tmp_path / "mine"
     save_photo(camera_photo(640, 480, seed=1), folder / "a.jpg", orientation=6)

@@ -11,9 +11,9 @@ import torch
 from typer.testing import CliRunner
 
 import gemma4enc
-import gemma4enc.retrieval as retrieval
-from gemma4enc.cli import app
-from gemma4enc.demo import write_video
+import gemma4enc.output.retrieval as retrieval
+from gemma4enc.commands.cli import app
+from gemma4enc.dev.demo import write_video
 
 from .helpers import photo
 

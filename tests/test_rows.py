@@ -7,11 +7,11 @@ import os
 import re
 from pathlib import Path
 
-from gemma4enc.discover import Item, look
-from gemma4enc.ledger import line_of
+from gemma4enc.media.discover import Item, look
+from gemma4enc.output.files import line_of
 from gemma4enc.options import Options
 from gemma4enc.rows import Row, Status
-from gemma4enc.workers import prepare
+from gemma4enc.media.workers import prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gemma4enc.model import load_tower
-from gemma4enc.patches import patchify
+from gemma4enc.model.load import load_tower
+from gemma4enc.media.patches import patchify
 
 from . import realsize
 from .helpers import close, hf_image_features, photo, reference

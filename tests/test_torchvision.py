@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from gemma4enc.demo import barcode_frame
-from gemma4enc.patches import patchify
+from gemma4enc.dev.demo import barcode_frame
+from gemma4enc.media.patches import patchify
 
 from .helpers import close, hf_image_features
 
@@ -65,7 +65,7 @@ def test_video_processor_difference():
 
 def test_tokens_from_either_processor(ckpt_sharded, ref_sharded, photos):
     """What the resize difference does to the soft tokens (float32, same tower)."""
-    from gemma4enc.model import load_tower
+    from gemma4enc.model.load import load_tower
 
     tower = load_tower(str(ckpt_sharded), "float32", "cpu")
     proc = Gemma4ImageProcessor(max_soft_tokens=280)

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-from gemma4enc.patches import patchify
-from gemma4enc.plan import Unit, batches
-from gemma4enc.model import load_tower
+from gemma4enc.media.patches import patchify
+from gemma4enc.model.batching import Unit, batches
+from gemma4enc.model.load import load_tower
 
 from .helpers import close, hf_image_features, reference
 
@@ -80,7 +80,7 @@ def test_bfloat16_matches_reference_in_bfloat16(ckpt_sharded, photos):
 def test_video_frames_match_get_video_features(tower32, ref_sharded):
     import numpy as np
 
-    from gemma4enc.demo import barcode_frame
+    from gemma4enc.dev.demo import barcode_frame
 
     frames = [barcode_frame(i, 320, 180) for i in range(0, 40, 5)]
     proc = Gemma4ImageProcessorPil(max_soft_tokens=70)  # the video processor's per-frame budget
@@ -97,7 +97,7 @@ def test_video_frames_match_get_video_features(tower32, ref_sharded):
 
 
 def test_batched_pooling_equals_transformers_pooler(tower32, photos):
-    from gemma4enc.tower import pool_slots
+    from gemma4enc.model.tower import pool_slots
 
     items = [patchify(im, 280) for im in photos[:5]]
     hidden = [torch.randn(p.n, tower32.hidden) for p in items]
@@ -109,8 +109,8 @@ def test_batched_pooling_equals_transformers_pooler(tower32, photos):
 
 
 def test_out_of_memory_halves_the_batch_and_isolates_the_item():
-    from gemma4enc.patches import Patches
-    from gemma4enc.pipeline import Encoder
+    from gemma4enc.media.patches import Patches
+    from gemma4enc.run.pipeline import Encoder
 
     class FakeTower:
         device = torch.device("cpu")
@@ -161,7 +161,7 @@ def _fake_varlen(kind):
 def test_varlen_call_adapts_to_each_torch_release(kind, kv_heads):
     """The CUDA pack path calls torch's varlen_attn with Gemma 4's scale of 1.0; every release's
     signature must give block-diagonal attention equal to one SDPA call per item (float32, 1e-5)."""
-    from gemma4enc.attention import _segment_sdpa, call_varlen
+    from gemma4enc.model.attention import _segment_sdpa, call_varlen
 
     torch.manual_seed(0)
     lengths = [7, 30, 12]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gemma4enc.cli import app
+from gemma4enc.commands.cli import app
 
 from .helpers import BASE, close, encode, flags, photo
 
@@ -210,7 +210,7 @@ def test_a_log_a_person_can_read(pics, ckpt, tmp_path):
     assert len({line.index(line.split()[-1]) for line in shown if line.startswith(("files ", "tokens ", "shards "))}) == 1
     status = next(line for line in shown if line.startswith("by status "))
     assert sorted(status.split(None, 2)[2].split(", ")) == ["decode_error 1", "ok 3"]
-    hold = ("import sys, time; from pathlib import Path; from gemma4enc.outdir import Lock; "
+    hold = ("import sys, time; from pathlib import Path; from gemma4enc.output.lock import Lock; "
             "Lock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(120)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
     try:
@@ -237,7 +237,7 @@ def test_reader_failed_files_and_numpy_without_torch(pics, ckpt, tmp_path):
     media = tmp_path / "media"
     shutil.copytree(pics, media)
     (media / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 100)
-    from gemma4enc.demo import write_video
+    from gemma4enc.dev.demo import write_video
 
     write_video(media / "clip.mp4", frames=8)
     out = tmp_path / "out"
@@ -298,8 +298,8 @@ def test_offline_without_hf_hub_offline_fails_fast(pics, tmp_path):
 
 
 def test_plan_reads_the_width_takes_the_sampling_flags_and_warns(pics, ckpt, tmp_path):
-    from gemma4enc.demo import write_video
-    from gemma4enc.model import find_checkpoint
+    from gemma4enc.dev.demo import write_video
+    from gemma4enc.model.checkpoint import find_checkpoint
 
     media = tmp_path / "media"
     shutil.copytree(pics, media)

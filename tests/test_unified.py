@@ -31,11 +31,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers.image_utils import load_image
 
-from gemma4enc.demo import barcode_frame, write_images, write_video
+from gemma4enc.dev.demo import barcode_frame, write_images, write_video
 from gemma4enc.errors import UsageError
-from gemma4enc.model import find_checkpoint, load_tower
-from gemma4enc.patches import SOFT_TOKEN_BUDGETS, patchify, target_size
-from gemma4enc.unified import UnifiedTower, merge
+from gemma4enc.model.checkpoint import find_checkpoint
+from gemma4enc.model.load import load_tower
+from gemma4enc.options import SOFT_TOKEN_BUDGETS
+from gemma4enc.media.patches import patchify, target_size
+from gemma4enc.model.unified import UnifiedTower, merge
 
 from .helpers import BASE, SHAPES, close, encode, shard_tokens
 
@@ -285,7 +287,7 @@ def test_torchvision_processor(tower32, ref, photos):
 
 
 def test_bench_runs_the_12b_embedder():
-    from gemma4enc.bench import bench
+    from gemma4enc.dev.bench import bench
 
     report = bench(size="12b", device="cpu", dtype="float32", workloads=("mixed",), count=2, repeats=1, log=lambda s: None)
     workload = report["workloads"]["mixed"]
@@ -297,7 +299,7 @@ def test_bench_runs_the_12b_embedder():
 @pytest.mark.cuda
 def test_cuda_bfloat16_and_its_memory_model(ckpt_unified, ref, photos):
     from gemma4enc.options import Options
-    from gemma4enc.plan import budget_patches
+    from gemma4enc.model.batching import budget_patches
 
     tower = load_tower(str(ckpt_unified), "bfloat16", "cuda")
     items = [patchify(im, 280) for im in photos]

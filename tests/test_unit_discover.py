@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from gemma4enc.demo import write_video
-from gemma4enc.discover import SNIFF_BYTES, discover, kind_of, look, sniff, walk
+from gemma4enc.dev.demo import write_video
+from gemma4enc.media.discover import SNIFF_BYTES, discover, kind_of, look, sniff, walk
 from gemma4enc.errors import UsageError
 
 from .helpers import photo

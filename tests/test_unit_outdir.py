@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemma4enc.discover import Item, discover
-from gemma4enc.ledger import MANIFEST, append_rows
+from gemma4enc.media.discover import Item, discover
+from gemma4enc.output.files import MANIFEST, append_rows
 from gemma4enc.options import Options
 from gemma4enc.errors import UsageError
-from gemma4enc.ledger import Ledger
-from gemma4enc.outdir import Unchanged, compact, prepare_out, repair, still_to_do, write_settings
-from gemma4enc.shards import ShardWriter
+from gemma4enc.output.ledger import Ledger
+from gemma4enc.output.todo import Unchanged, still_to_do
+from gemma4enc.output.compact import compact
+from gemma4enc.output.settings import prepare_out, write_settings
+from gemma4enc.output.repair import repair
+from gemma4enc.output.shards import ShardWriter
 
 from .helpers import photo
 
@@ -222,7 +225,7 @@ def test_repair_marks_the_files_of_a_lost_shard_to_be_encoded_again(tmp_path, da
 
 
 def test_settings_are_recorded_once_and_only_output_shaping_ones_must_match(tmp_path):
-    from gemma4enc.decode import Sampling
+    from gemma4enc.options import Sampling
 
     out = tmp_path / "out"
     first = Options(dtype="float32", sampling=Sampling(frames=4))

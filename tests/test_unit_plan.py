@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-import gemma4enc.plan as plan
+import gemma4enc.model.batching as plan
 from gemma4enc.options import Options
-from gemma4enc.patches import Patches
-from gemma4enc.plan import (CPU_PATCHES, PROBES, MemoryModel, Unit, batches, budget_patches, fit_memory,
-                            largest_item, probe_items, resolve_batching)
+from gemma4enc.media.patches import Patches
+from gemma4enc.model.batching import CPU_PATCHES, PROBES, MemoryModel, Unit, batches, budget_patches, fit_memory, largest_item, probe_items, resolve_batching
 
 
 def units(*sizes: int) -> list[Unit]:

@@ -19,11 +19,11 @@ import torch
 from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
 from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
 
-from gemma4enc.demo import randomize_
+from gemma4enc.dev.demo import randomize_
 from gemma4enc.errors import UsageError
-from gemma4enc.patches import patchify
-from gemma4enc.tower import Tower
-from gemma4enc.vision import Embedder, VisionConfig, VisionModel
+from gemma4enc.media.patches import patchify
+from gemma4enc.model.tower import Tower
+from gemma4enc.model.vision import Embedder, VisionConfig, VisionModel
 
 from .realsize import COMMON, RELEASED
 
@@ -124,7 +124,7 @@ def test_config_refuses_what_the_tower_cannot_run():
 
 
 def test_text_width_default_is_transformers_default():
-    from gemma4enc.vision import TextConfig
+    from gemma4enc.model.vision import TextConfig
 
     assert TextConfig({}).hidden_size == Gemma4TextConfig().hidden_size
 

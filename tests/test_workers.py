@@ -7,9 +7,9 @@ import signal
 import time
 from pathlib import Path
 
-from gemma4enc.discover import Item
+from gemma4enc.media.discover import Item
 from gemma4enc.options import Options
-from gemma4enc.workers import Decoded, DecodePool
+from gemma4enc.media.workers import Decoded, DecodePool
 
 
 def fake_decode(item: Item, options: Options) -> Decoded:
@@ -54,7 +54,7 @@ def test_a_hung_or_crashing_decoder_costs_one_file(tmp_path):
 
 
 def threads_given(item: Item, options: Options) -> Decoded:
-    from gemma4enc import decode
+    from gemma4enc.media import decode
 
     return Decoded(item, width=decode.THREADS)
 
@@ -70,8 +70,8 @@ def test_the_last_file_gets_the_idle_workers_cores(tmp_path):
 
 
 def prepare_noting_threads(item: Item, options: Options) -> Decoded:
-    from gemma4enc import decode
-    from gemma4enc.workers import prepare
+    from gemma4enc.media import decode
+    from gemma4enc.media.workers import prepare
 
     decoded = prepare(item, options)
     decoded.video["decoder_threads"] = decode.THREADS
@@ -80,8 +80,8 @@ def prepare_noting_threads(item: Item, options: Options) -> Decoded:
 
 def test_a_tail_video_decoded_with_threads_gives_the_same_patches(tmp_path):
     """Two long-GOP videos left for three workers: decoded with lent threads, the same patches as alone."""
-    from gemma4enc.decode import Sampling
-    from gemma4enc.demo import write_video
+    from gemma4enc.options import Sampling
+    from gemma4enc.dev.demo import write_video
 
     write_video(tmp_path / "a.mp4", frames=300, gop=250)
     write_video(tmp_path / "b.mp4", frames=300, gop=250, codec="libx265")

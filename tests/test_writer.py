@@ -9,9 +9,10 @@ import threading
 import pytest
 import torch
 
-import gemma4enc.shards as shards
+import gemma4enc.output.shards as shards
 from gemma4enc.errors import OutputError
-from gemma4enc.shards import Embeddings, ShardWriter
+from gemma4enc.output.reader import Embeddings
+from gemma4enc.output.shards import ShardWriter
 
 
 def row(i: int) -> dict:

@@ -1,0 +1,1 @@
+"""The command line (cli), the read-only reports (plan, inspect, verify) and what a person reads (log)."""

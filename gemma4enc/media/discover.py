@@ -1,0 +1,201 @@
+"""Roots or a file list → one sorted list of media files, kind sniffed from the bytes."""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from ..errors import UsageError
+from ..rows import Status
+
+IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
+              ".pgm", ".pbm", ".ico", ".tga"}
+VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
+              ".wmv", ".3gp", ".ogv"}
+SNIFF_BYTES = 32
+
+
+@dataclass(frozen=True, slots=True)  # slots: a million of them fit in ~100 MB
+class Item:
+    path: str  # absolute path, symlinks not resolved: the name the user knows
+    kind: str  # "image" | "video" | "unknown"
+    size: int  # bytes
+    mtime_ns: int
+    error: str | None = None  # set when the file could not even be looked at (broken link, no access)
+    root: str | None = None  # the root folder it was found under (absolute), when found by walking
+    rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
+    status: str | None = None  # with `error`: the row's Status (discovery knows why, the worker does not guess)
+
+
+def sniff(head: bytes) -> str | None:
+    """The kind a file's first bytes say, or None when they say nothing we know."""
+    if head[:3] == b"\xff\xd8\xff" or head[:8] == b"\x89PNG\r\n\x1a\n" or head[:4] in (b"GIF8",):
+        return "image"
+    if head[:2] == b"BM" or head[:4] in (b"II*\x00", b"MM\x00*") or head[:4] == b"\x00\x00\x01\x00":
+        return "image"
+    if head[:4] == b"RIFF":
+        return {b"WEBP": "image", b"AVI ": "video"}.get(head[8:12])
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        return "image" if brand in (b"avif", b"avis", b"heic", b"heix", b"mif1", b"msf1") else "video"
+    if head[:4] == b"\x1a\x45\xdf\xa3" or head[:3] == b"FLV" or head[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3"):
+        return "video"
+    if head[:4] == b"OggS" or head[:16] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11\xa6\xd9\x00\xaa\x00\x62\xce\x6c":
+        return "video"
+    return None
+
+
+def kind_of(path: str, head: bytes) -> str:
+    """Bytes first; the extension is only a hint when the bytes are not recognised."""
+    kind = sniff(head)
+    if kind:
+        return kind
+    ext = os.path.splitext(path)[1].lower()
+    if ext in IMAGE_EXTS:
+        return "image"
+    if ext in VIDEO_EXTS:
+        return "video"
+    return "unknown"
+
+
+# (path, size, mtime_ns) → the kind its manifest row records, or None: such a file is not opened;
+# or DONE: nothing is left to do for it, and it is not even kept (outdir.Unchanged counts it)
+Known = Callable[[str, int, int], "str | None"]
+DONE = object()  # a marker, compared by identity (no kind string can be it)
+
+
+def look(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None) -> Item | None:
+    """stat + sniff one path; failures become an Item with `error`, never an exception.
+
+    A file `known` recognises (same size and mtime as its row) is only stat'ed: a re-run over
+    a million known files costs a million stats, not a million opens; one it calls DONE gives
+    None: ten million of them cost no Item each. `root`/`rel`: where a walk found it, kept on
+    the Item (also on a failed one)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
+            return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel, Status.UNSUPPORTED)
+        kind = known(path, st.st_size, st.st_mtime_ns) if known else None
+        if kind is DONE:
+            return None
+        if kind:
+            return Item(path, kind, st.st_size, st.st_mtime_ns, None, root, rel)
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except FileNotFoundError:
+        reason = "broken symlink" if os.path.islink(path) else "file not found"
+        return Item(path, _ext_kind(path), 0, 0, reason, root, rel, Status.NOT_FOUND)
+    except OSError as e:
+        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel, Status.UNREADABLE)
+    return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns, None, root, rel)
+
+
+def _ext_kind(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    return "image" if ext in IMAGE_EXTS else "video" if ext in VIDEO_EXTS else "unknown"
+
+
+def _matches(rel: str, include: list[str], exclude: list[str]) -> bool:
+    name = os.path.basename(rel)
+    hit = lambda pats: any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(name, p) for p in pats)  # noqa: E731
+    return (not include or hit(include)) and not hit(exclude)
+
+
+def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None = None,
+         skip: str | None = None) -> Iterable[str]:
+    """Every file under root (root itself if a file), following symlinks without loops.
+
+    Folders that cannot be listed go to `errors` as (path, reason) instead of vanishing;
+    the folder `skip` (OUT, when it lies inside a root) is not entered.
+    """
+    if not os.path.isdir(root):
+        yield root
+        return
+    seen: set[tuple[int, int]] = set()
+    if skip and os.path.isdir(skip):
+        st = os.stat(skip)
+        seen.add((st.st_dev, st.st_ino))
+    on_error = (lambda e: errors.append((e.filename, e.strerror or str(e)))) if errors is not None else None
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=on_error):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:  # a symlink back up the tree
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        if not hidden:
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            filenames = [f for f in filenames if not f.startswith(".")]
+        for name in filenames:
+            yield os.path.join(dirpath, name)
+
+
+def _listed(files_from: str, null: bool = False) -> list[str]:
+    """--files-from: one path a line, or NUL-ended names with `null` ('-' = stdin)."""
+    try:
+        if null:  # bytes: no newline translation, and names that are not UTF-8 survive
+            raw = sys.stdin.buffer.read() if files_from == "-" else open(files_from, "rb").read()
+            return [os.fsdecode(name) for name in raw.split(b"\0") if name]
+        stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
+        with stream:
+            return [line.rstrip("\n") for line in stream if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--files-from {files_from}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _below(root: str, paths: Iterable[str]) -> Iterable[tuple[str, str, str]]:
+    """(path, its part past root, root) for walked paths, one at a time."""
+    cut = len(root) if root.endswith(os.sep) else len(root) + 1  # each path is root + sep + rel
+    return ((p, p[cut:], root) for p in paths)
+
+
+def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
+             hidden: bool = False, null: bool = False, out: str | None = None,
+             known: Known | None = None) -> tuple[list[Item], int]:
+    """(media items in one stable sorted order, count of files skipped as not media).
+
+    Files named explicitly (a root that is a file, or a --files-from line) are always kept,
+    so an unsupported one gets a row saying so; files found by walking are kept only when
+    they look like media. A listed folder is walked like a root; OUT is never walked.
+    With `null` the list's names end in NUL bytes (find -print0): a name may hold a newline.
+    `known`: see look(); the files it calls DONE are left out of the list.
+    """
+    named: list[str] = []
+    walked = []  # per root: (path, path relative to its root: what globs see, root), walked lazily
+    listed = _listed(files_from, null) if files_from else []
+    unlisted: list[tuple[str, str]] = []
+    for root in roots:
+        if not os.path.lexists(root):  # a typo on the command line, not a file that vanished: say so now
+            raise UsageError(f"{root}: no such file or folder")
+    for root in [*roots, *listed]:
+        if os.path.isdir(root):
+            root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
+            walked.append(_below(root, walk(root, hidden, unlisted, skip=out)))
+        else:
+            named.append(root)
+    items: dict[str, Item] = {}
+    skipped = 0
+    # generators, not lists: at a million files each list of them costs ~100 MB
+    candidates = itertools.chain(((os.path.abspath(p), p, True, None) for p in named),
+                                 ((p, rel, False, root) for p, rel, root in itertools.chain(*walked)))
+    include, exclude = list(include), list(exclude)
+    for path, rel, explicit, root in candidates:
+        if (include or exclude) and not _matches(rel, include, exclude):
+            continue
+        item = look(path, known, root, None if root is None else rel)
+        if item is None:
+            continue  # done already: `known` counted it
+        if item.kind == "unknown" and not explicit:
+            skipped += 1
+            continue
+        items[item.path] = item
+    for path, reason in unlisted:  # a row says which folder was not read, and why
+        path = os.path.abspath(path)
+        items.setdefault(path, Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}",
+                                    status=Status.UNREADABLE))
+    return sorted(items.values(), key=lambda i: i.path), skipped
+

@@ -1,0 +1,99 @@
+"""One run at a time in an output folder: an flock on OUT/gemma4enc.output.lock that says who holds it."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+
+LOCK = "gemma4enc.output.lock"
+
+
+class Lock:
+    """An flock on OUT/gemma4enc.output.lock, which says who holds it (pid, host, start time).
+
+    The kernel drops the flock when its process dies, however it dies, so a stale lock file
+    of a killed run is simply taken over. Where the filesystem has no flock, the pid decides.
+    """
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / LOCK
+        self.fd: int | None = None
+        self.previous: dict | None = None  # a stale holder we took over from
+
+    def acquire(self) -> Lock:
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_json(fd)
+                os.close(fd)
+                raise UsageError(f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)}); "
+                                 "wait for it to finish or stop it") from None
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    os.close(fd)
+                    raise
+                holder = _read_json(fd)  # no flock here: trust a live pid on this host
+                if holder and holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
+                    os.close(fd)
+                    raise UsageError(f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)})")
+            if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                break
+            os.close(fd)  # the holder unlinked it as we opened it: lock the new file instead
+        self.previous = _read_json(fd) or None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.unlink(self.path)  # before unlocking, so a waiter re-checks the inode and retries
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> Lock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_json(fd: int) -> dict:
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+
+
+def describe(holder: dict) -> str:
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
+
+
+def running(out: Path) -> str | None:
+    """The run holding OUT's lock, described, or None (the lock file of a killed run does not count)."""
+    try:
+        holder = json.loads((Path(out) / LOCK).read_text() or "{}")
+    except (OSError, ValueError):
+        return None
+    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+        return None
+    return describe(holder)
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError) as e:
+        return isinstance(e, PermissionError)
+    return True

@@ -1,0 +1,148 @@
+"""The reader without torch: `gemma4enc.open(OUT, framework="numpy")` gives float32 numpy arrays.
+
+numpy has no bfloat16, so the shards are read by hand: a safetensors file is an 8-byte
+little-endian header length, a JSON header (dtype, shape, data_offsets per tensor), then the
+raw bytes. Only the rows asked for are read. bfloat16 is the top half of a float32: its 16
+bits shifted left by 16 are that float32 exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from math import prod
+from pathlib import Path
+
+import numpy as np
+
+from ..rows import Status
+from .files import MANIFEST
+from .ledger import Ledger
+
+DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class Shard:
+    """One shard's header, and rows of its tensors read on demand."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            self.header = json.loads(f.read(n))
+        self.base = 8 + n
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.header
+
+    def rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """tensor[lo:hi] as a numpy array (floats as float32)."""
+        info = self.header[name]
+        dtype, shape = np.dtype(DTYPES[info["dtype"]]), info["shape"]
+        per_row = prod(shape[1:])
+        offset = self.base + info["data_offsets"][0] + lo * per_row * dtype.itemsize
+        data = np.fromfile(self.path, dtype, (hi - lo) * per_row, offset=offset).reshape(hi - lo, *shape[1:])
+        if info["dtype"] == "BF16":
+            return bf16_to_float32(data)
+        return data.astype(np.float32) if info["dtype"] == "F16" else data
+
+
+class Rows:
+    """The lookups both readers share, over the compact ledger of `self.out`'s manifest.
+
+    Rows are not held as dicts: the ledger keeps each file's latest row in columns (about 100
+    bytes a file) and a whole row is read from its offset when asked for, from the manifest as it
+    was opened (a compaction that replaces the file later does not move the rows under the reader).
+    """
+
+    out: Path
+    ledger: Ledger
+
+    def _open(self, out) -> None:
+        self.out = Path(out)
+        if not (self.out / MANIFEST).exists():
+            raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
+        self.ledger = Ledger.load(self.out, pin=True)
+
+    @property
+    def rows(self) -> Mapping[str, dict]:
+        """path → latest row (any status), read on demand."""
+        return _RowsView(self)
+
+    def ok_rows(self) -> Iterator[tuple[str, dict]]:
+        """(path, row) of every file that has tokens, in the order of `iter(self)`, one at a time."""
+        offsets = (e.offset for _, e in self.ledger.entries() if e.status == Status.OK)
+        return ((r["path"], r) for r in self.ledger.rows_at(offsets, rising=False))
+
+    def __len__(self) -> int:
+        return sum(1 for _, e in self.ledger.entries() if e.status == Status.OK)
+
+    def __iter__(self):
+        return (p for p, e in self.ledger.entries() if e.status == Status.OK)
+
+    def __contains__(self, path) -> bool:
+        entry = self.ledger.get(os.path.abspath(path))
+        return bool(entry and entry.status == Status.OK)
+
+    def row(self, path) -> dict:
+        """The manifest row of `path` (any status); KeyError for a path not in it."""
+        key = os.path.abspath(path)
+        if key not in self.ledger:
+            raise KeyError(f"{path}: not in {self.out / MANIFEST}")
+        return self.ledger.row(key)
+
+    def ok_row(self, path) -> dict:
+        """The row of a file that has tokens; KeyError saying why for one that has none."""
+        row = self.row(path)
+        if row["status"] != Status.OK:
+            raise KeyError(f"{path}: status {row['status']}: {row.get('error')}")
+        return row
+
+
+class _RowsView(Mapping):
+    def __init__(self, rows: Rows):
+        self._rows = rows
+
+    def __getitem__(self, path) -> dict:
+        if path not in self._rows.ledger:
+            raise KeyError(path)
+        return self._rows.ledger.row(path)
+
+    def __iter__(self):
+        return iter(self._rows.ledger)
+
+    def __len__(self) -> int:
+        return len(self._rows.ledger)
+
+
+class NumpyEmbeddings(Rows):
+    """As shards.Embeddings (`emb[path]`, `frames`, `pooled`, `row`), with numpy float32 arrays."""
+
+    def __init__(self, out: str | os.PathLike):
+        self._open(out)
+
+    def _shard(self, path) -> tuple[dict, Shard]:
+        row = self.ok_row(path)
+        return row, Shard(self.out / row["shard"])
+
+    def __getitem__(self, path) -> np.ndarray:
+        row, shard = self._shard(path)
+        lo, hi = shard.rows("item_offsets", row["index"], row["index"] + 2).tolist()
+        return shard.rows("tokens", lo, hi)
+
+    def frames(self, path) -> list[np.ndarray]:
+        row, shard = self._shard(path)
+        a, b = shard.rows("item_frames", row["index"], row["index"] + 2).tolist()
+        offsets = shard.rows("frame_offsets", a, b + 1).tolist()
+        return [shard.rows("tokens", lo, hi) for lo, hi in zip(offsets, offsets[1:])]
+
+    def pooled(self, path) -> np.ndarray:
+        row, shard = self._shard(path)
+        if "pooled" not in shard:
+            raise KeyError(f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)")
+        return shard.rows("pooled", row["index"], row["index"] + 1)[0]

@@ -1,0 +1,57 @@
+"""Read an output folder as torch tensors: `gemma4enc.open(OUT)`. Only the manifest is read up front
+(npreader.Rows); each lookup opens one shard and slices its rows."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from safetensors import safe_open
+
+from ..errors import OutputError, output_error, reason  # noqa: F401 - re-exported
+from .files import MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write, temp_name  # noqa: F401 - re-exported
+from .npreader import Rows
+
+
+class Embeddings(Rows):
+    """Read an output folder: `emb[path]` → (tokens, D) tensor, `emb.frames(path)` → per frame.
+
+    Only the manifest is read up front; each lookup opens one shard and slices its rows.
+    """
+
+    def __init__(self, out: str | os.PathLike):
+        self._open(out)
+
+    def __getitem__(self, path) -> torch.Tensor:
+        row = self.ok_row(path)
+        with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            lo, hi = f.get_slice("item_offsets")[row["index"]: row["index"] + 2].tolist()
+            return f.get_slice("tokens")[lo:hi]
+
+    def frames(self, path) -> list[torch.Tensor]:
+        """A video's tokens split per sampled frame (an image: one frame)."""
+        row = self.row(path)
+        tokens = self[path]
+        with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            a, b = f.get_slice("item_frames")[row["index"]: row["index"] + 2].tolist()
+            offsets = f.get_slice("frame_offsets")[a: b + 1]
+        return list(torch.split(tokens, (offsets[1:] - offsets[:-1]).tolist()))
+
+    def pooled(self, path) -> torch.Tensor:
+        row = self.ok_row(path)
+        with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            if "pooled" not in f.keys():
+                raise KeyError(f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)")
+            return f.get_slice("pooled")[row["index"]: row["index"] + 1][0]
+
+    def mm_encoder_outputs(self, paths, device=None, dtype=None, model=None):
+        """What Gemma 4's `generate` takes in place of pixels, and what its prompt needs (gemma.py)."""
+        from .gemma import model_inputs
+
+        return model_inputs(self, paths, device, dtype, model)
+
+    def pooled_matrix(self, per_frame: bool = False):
+        """(paths, (N, D) float32 array) of every file's latest pooled vector (retrieval.py)."""
+        from .retrieval import pooled_matrix
+
+        return pooled_matrix(self, per_frame)

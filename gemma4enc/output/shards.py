@@ -1,0 +1,198 @@
+"""Writing the shards: safetensors files of many files' soft tokens, each named by manifest rows only
+once it is on disk.
+
+OUT/shard-NNNNNN.safetensors (shard-<task>-NNN with --engine ray) holds many files' soft tokens stacked:
+  tokens        [T, D]  out dtype   every soft token of the shard, file after file, frame after frame
+  item_offsets  [N+1]   int64       file i's tokens are tokens[item_offsets[i]:item_offsets[i+1]]
+  frame_offsets [F+1]   int64       token offsets of every frame (an image is one frame)
+  item_frames   [N+1]   int64       file i's frames are frame_offsets rows item_frames[i]..item_frames[i+1]
+  pooled        [N, D]  out dtype   mean of each file's tokens (float32 mean, then cast)
+OUT/manifest.jsonl has one row per input file; a row naming a shard is written only after
+that shard is on disk (temp name, fsync, rename, fsync of the folder).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .._version import __version__
+from ..errors import OutputError, output_error
+from .files import MANIFEST, SHARD_RE, append_rows, atomic_write
+
+if TYPE_CHECKING:
+    from ..model.tower import Tower
+    from ..options import Options
+
+FORMAT_VERSION = "1"
+LOCAL_NAME = "shard-{:06d}.safetensors"
+OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
+    """Shard header: everything a reader needs to know what the numbers are."""
+    ckpt = tower.checkpoint
+    return {
+        "producer": f"gemma4enc {__version__}",
+        "model": options.model,
+        "revision": str(ckpt.revision) if ckpt and ckpt.revision else "",
+        "dtype": str(tower.dtype).removeprefix("torch."),
+        "out_dtype": options.out_dtype,
+        "image_soft_tokens": str(options.image_tokens),
+        "resize": options.resize,
+        "video_soft_tokens": str(options.video_tokens),
+        "sampling": json.dumps(asdict(options.sampling)),
+        "hidden_size": str(tower.out_dim),
+    }
+
+
+@dataclass
+class Pending:
+    """A file's result waiting for its shard to be written."""
+
+    row: dict
+    frames: list[torch.Tensor] = field(default_factory=list)  # (tokens_f, T) per frame, on the CPU
+
+
+class ShardWriter:
+    """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows.
+
+    Rows go to the manifest, or to `on_rows` (a Ray actor hands them to the driver, which owns
+    the manifest); shards are numbered on from the folder's highest, or named by `name(k)`.
+    """
+
+    def __init__(self, out: Path, out_dtype: str, metadata: dict[str, str], shard_bytes: int = 1 << 30,
+                 pooled: bool = True, flush_seconds: float = 60.0, name=None, on_rows=None):
+        self.out, self.dtype = Path(out), OUT_DTYPES[out_dtype]
+        self.metadata = {"format_version": FORMAT_VERSION, **metadata}
+        self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.on_rows = on_rows or (lambda rows: append_rows(self.out, rows))
+        if name is None:
+            self.next_shard = next_shard_number(self.out)
+            name = LOCAL_NAME.format
+        else:
+            self.next_shard = 0
+        self.name = name
+        self.pending: list[Pending] = []
+        self.bytes = 0
+        self.last_flush = time.monotonic()
+        self._executor = None
+        self._writing = None  # the Future of the write in flight
+
+    def add(self, row: dict, frames: list[torch.Tensor] | None = None) -> None:
+        """A finished file: ok with its per-frame tokens, or failed (row only)."""
+        item = Pending(row, [f.to("cpu", self.dtype) for f in frames or []])
+        self.pending.append(item)
+        self.bytes += sum(f.numel() * f.element_size() for f in item.frames)
+        # by size, or by time: a kill must not cost more than a minute or so of finished files
+        if self.bytes >= self.shard_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
+            self.flush(wait=False)
+
+    def flush(self, wait: bool = True) -> None:
+        """Hand the pending files to the writing thread; with wait, return once all is on disk.
+
+        One write is in flight at most (memory holds two shards at most), in order, so the
+        encoder goes on while a shard is stacked, written and fsynced. A write error surfaces
+        here or at the next add, as OutputError.
+        """
+        self._join()
+        if self.pending:
+            name = self.name(self.next_shard)
+            if any(p.frames for p in self.pending):
+                self.next_shard += 1
+            self._writing = self._thread().submit(self._write, self.pending, name)
+            self.pending, self.bytes, self.last_flush = [], 0, time.monotonic()
+        if wait:
+            self._join()
+
+    def close(self, discard: bool = False) -> None:
+        """Write what is pending (or drop it) and end the writing thread (a Ray actor makes many writers)."""
+        try:
+            if discard:
+                self.pending = []
+            self.flush()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
+
+    def _thread(self):
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="gemma4enc-shard-writer")
+        return self._executor
+
+    def _join(self) -> None:
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            try:
+                writing.result()
+            except OutputError:
+                self.pending = []  # what was not written is redone by the next run
+                raise
+
+    def _write(self, pending: list[Pending], name: str) -> None:
+        """Write the shard (if any file has tokens), then append every pending row."""
+        ok = [p for p in pending if p.frames]
+        try:
+            if ok:
+                tensors = self._stack(ok)
+                atomic_write(self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata))
+                for index, p in enumerate(ok):
+                    p.row.update(shard=name, index=index)
+            self.on_rows([p.row for p in pending])
+        except (OSError, SafetensorError) as e:
+            raise output_error(f"{name} or {MANIFEST}" if ok else MANIFEST, self.out, e) from None
+
+    def _stack(self, ok: list[Pending]) -> dict[str, torch.Tensor]:
+        frames = [f for p in ok for f in p.frames]
+        frame_sizes = torch.tensor([0] + [f.shape[0] for f in frames])
+        item_sizes = torch.tensor([0] + [sum(f.shape[0] for f in p.frames) for p in ok])
+        item_frames = torch.tensor([0] + [len(p.frames) for p in ok])
+        tensors = {
+            "tokens": torch.cat(frames),  # (T_total, D)
+            "item_offsets": item_sizes.cumsum(0),
+            "frame_offsets": frame_sizes.cumsum(0),
+            "item_frames": item_frames.cumsum(0),
+        }
+        if self.pooled:
+            means = [torch.cat(p.frames).float().mean(0) for p in ok]
+            tensors["pooled"] = torch.stack(means).to(self.dtype)  # (N, D)
+        return tensors
+
+
+def next_shard_number(out: Path) -> int:
+    """Local shards are numbered on from the folder's highest."""
+    return 1 + max((int(m.group(1)) for p in Path(out).iterdir()
+                    if (m := SHARD_RE.match(p.name)) and m.group(1).isdigit()), default=-1)
+
+
+def rewrite_shard(src: Path, keep: list[int], dst: Path) -> None:
+    """A copy of shard `src` holding only its items `keep` (in that order), written atomically to `dst`."""
+    with safe_open(str(src), framework="pt") as f:
+        meta = f.metadata()
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    items, frames, item_frames = t["item_offsets"], t["frame_offsets"], t["item_frames"]
+    tokens, frame_sizes, item_sizes, frame_counts = [], [0], [0], [0]
+    for i in keep:
+        tokens.append(t["tokens"][items[i]: items[i + 1]])
+        a, b = item_frames[i].item(), item_frames[i + 1].item()
+        frame_sizes += (frames[a + 1: b + 1] - frames[a:b]).tolist()
+        item_sizes.append((items[i + 1] - items[i]).item())
+        frame_counts.append(b - a)
+    tensors = {
+        "tokens": torch.cat(tokens),
+        "item_offsets": torch.tensor(item_sizes).cumsum(0),
+        "frame_offsets": torch.tensor(frame_sizes).cumsum(0),
+        "item_frames": torch.tensor(frame_counts).cumsum(0),
+    }
+    if "pooled" in t:
+        tensors["pooled"] = t["pooled"][keep].contiguous()
+    atomic_write(dst, lambda tmp: save_file(tensors, str(tmp), metadata=meta))

@@ -1,0 +1,128 @@
+"""What is left to do in OUT: the files whose latest row matches their size and mtime (or content,
+with --hash) are done; a moved folder's files adopt their rows instead of being encoded again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..media.discover import DONE, Item, look
+from ..options import Options
+from ..rows import Status
+from .files import append_rows
+from .ledger import Ledger
+from .repair import LOST
+
+
+class Unchanged:
+    """The files discovery found with nothing to do, kept as one byte per ledger row, not an Item each.
+
+    `known` is discovery's Known: a file whose latest row is for its size and mtime, and that
+    still_to_do would leave alone (not lost, not failed under --retry-failed, not to be hashed),
+    is marked on that row and dropped, so a re-run over ten million files keeps only the few to do.
+    Discovery runs before the lock; under it, once the ledger has read what was appended since (the
+    repair's lost rows, another run's), `again` gives back as Items the marked files whose row is
+    no longer the latest, to be decided anew.
+    """
+
+    def __init__(self, ledger: Ledger, options: Options):
+        self.ledger, self.options = ledger, options
+        self.rows = bytearray(ledger.rows_read)  # 1: found unchanged (row numbers of this read)
+        self.ino, self.read = ledger.ino, ledger.rows_read
+        self.path_of = ledger.path_reader()  # still readable if a compaction replaces the manifest
+
+    def known(self, path: str, size: int, mtime_ns: int):
+        r = self.ledger.match(path, size, mtime_ns)
+        if r < 0:
+            return None
+        status = self.ledger.status_at(r)
+        if status == LOST or (self.options.retry_failed and status != Status.OK) or (
+                self.options.hash and status == Status.OK):
+            return self.ledger.kind_at(r)  # still_to_do decides (and hashes): not opened, kept
+        self.rows[r] = 1
+        return DONE
+
+    def __len__(self) -> int:
+        return self.rows.count(1)
+
+    def again(self, items: list[Item]) -> list[Item]:
+        """`items` with the marked files whose row was superseded since discovery, in path order."""
+        ledger = self.ledger
+        if ledger.ino == self.ino and ledger.rows_read == self.read:
+            return items  # nothing read since: every mark stands (a no-op run's case)
+        import numpy as np
+
+        marked = np.frombuffer(self.rows, dtype=np.uint8).astype(bool)
+        if ledger.ino == self.ino:  # rows appended: the marks whose row is no longer its path's latest
+            marked &= ~ledger.live()[:self.read]
+        back = []
+        for r in np.flatnonzero(marked).tolist():  # or every mark, where the manifest was replaced
+            self.rows[r] = 0
+            path, root = self.path_of(r)
+            rel = path[len(root):].lstrip(os.sep) if root else None
+            back.append(look(path, None, root, rel))
+        if not back:
+            return items
+        merged = {i.path: i for i in back} | {i.path: i for i in items}  # one Item a path, as discover keeps
+        return sorted(merged.values(), key=lambda i: i.path)
+
+
+def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger | None = None) -> list[Item]:
+    """Files without a row for their current content: new, changed, or failed with --retry-failed.
+
+    Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
+    only touched (same sha256) keeps its tokens and gets a refreshed row instead of a re-encode.
+    A file with no row under its path but an ok row with its path relative to its root, size and
+    mtime (--hash: content) is the same file under a moved or remounted root: that row is adopted.
+    """
+    ledger = ledger or Ledger.load(out)
+    todo, refreshed = [], []
+    for item in items:
+        row = ledger.get(item.path)
+        if row is None and (adopted := _adopt(item, ledger, options)):
+            refreshed.append(adopted)
+        elif row is None or row.size != item.size or row.status == LOST or (
+                options.retry_failed and row.status != Status.OK):
+            todo.append(item)
+        elif options.hash and row.status == Status.OK and not item.error:
+            from ..media.workers import sha256
+
+            try:
+                digest = sha256(item.path)
+            except OSError:
+                todo.append(item)  # let decode say why it cannot be read
+                continue
+            if ledger.digest(item.path) is None and row.mtime_ns == item.mtime_ns:
+                refreshed.append(ledger.row(item.path) | {"sha256": digest})  # --hash turned on: hash what is there, keep it
+            elif digest != ledger.digest(item.path):
+                todo.append(item)
+            elif row.mtime_ns != item.mtime_ns:
+                refreshed.append(ledger.row(item.path) | {"mtime_ns": item.mtime_ns})
+        elif row.mtime_ns != item.mtime_ns:
+            todo.append(item)
+    append_rows(out, refreshed)
+    return todo
+
+
+def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
+    """The row of `item` under its old root, moved to its new path; None if none is the same file."""
+    if item.error or item.rel is None:
+        return None
+    found = list(ledger.same_rel(item.rel, item.size))
+    if not found:
+        return None
+    digest = None
+    if options.hash:
+        from ..media.workers import sha256
+
+        try:
+            digest = sha256(item.path)
+        except OSError:
+            return None
+    for path, entry in found:
+        saved = ledger.digest(path)
+        same = saved == digest if digest and saved else entry.mtime_ns == item.mtime_ns
+        if same:
+            moved = {"path": item.path, "root": item.root, "rel": item.rel, "mtime_ns": item.mtime_ns}
+            return ledger.row(path) | moved | ({"sha256": digest} if digest else {})
+    return None

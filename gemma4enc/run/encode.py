@@ -1,0 +1,148 @@
+"""One run: lock and preflight the output folder, what is left to do, the engine, the summary."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import TooManyFailures, UsageError, first_lines, reason
+from ..media.discover import Item
+from ..options import Options
+from ..output.compact import maybe_compact
+from ..output.files import MANIFEST
+from ..output.ledger import Ledger
+from ..output.lock import Lock, describe
+from ..output.settings import SETTINGS, prepare_out, write_settings
+from ..output.todo import Unchanged, still_to_do
+from ..rows import Status
+from .context import Run
+
+
+def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
+                 ledger: Ledger | None = None, unchanged: Unchanged | None = None) -> dict:
+    """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints.
+
+    `ledger`: OUT's manifest as discovery read it (read on here, not again from the start).
+    `unchanged`: the files discovery left out of `items` as done (counted, looked at again if
+    their rows changed meanwhile).
+    """
+    from .preflight import preflight
+
+    out = Path(out)
+    log = log or (lambda message: None)
+    # a re-run into a folder a loaded model made checks the model and devices only if there is work
+    light = not overwrite and (out / SETTINGS).exists()
+    pool = early_pool(items, options, light)
+    try:
+        options, extra = preflight(options, light=light)  # before OUT is touched
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+    if options.dtype == "auto":  # decided once: recorded and used alike (a Ray run's driver decides)
+        from ..model.load import resolve_dtype
+
+        options = replace(options, dtype=resolve_dtype(options))
+    created = not out.exists()
+    try:
+        with _locked(out) as lock:
+            if lock.previous:
+                log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
+            ledger = ledger or Ledger(out)
+            for note in prepare_out(out, options, overwrite, extra, ledger):
+                log(note)
+            if unchanged is not None:
+                items = unchanged.again(items)
+            todo = still_to_do(items, out, options, ledger)
+            found = len(items) + len(unchanged or ())  # the files discovery found, done ones counted only
+            if todo and light:
+                options, extra = preflight(options)  # now the model will load: find it, check the devices
+            ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
+            run = Run(out, options, bar, log, done=found - len(todo), ready=ready, pool=pool)
+            try:
+                summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not light)
+            except TooManyFailures as e:
+                raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
+            ledger.refresh()  # only the rows this run appended
+            failures = [f"{Path(i.path).name}: {r.status}" for i in todo
+                        if (r := ledger.get(i.path)) and r.status != Status.OK]
+            note = maybe_compact(out, ledger)
+            if note:
+                log(note)
+    except UsageError:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # the folder this run made for nothing
+        raise
+    finally:
+        if pool is not None:
+            pool.close()  # workers no map() took (the run ended before decoding); the engine stops its own
+    if failures:
+        log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
+    return {
+        "out": str(out), "files": found, "done_before": found - len(todo), "encoded": summary.ok,
+        "failed": summary.failed, "by_status": summary.by_status, "frames": summary.frames,
+        "tokens": summary.tokens, "patches": summary.patches, "seconds": round(summary.seconds, 3),
+        "items_per_s": round(summary.files / summary.seconds, 3) if summary.seconds else None,
+        "patches_per_s": round(summary.patches / summary.seconds, 1) if summary.seconds else None,
+        "engine": options.engine, **summary.where,
+    }
+
+
+def early_pool(items: list[Item], options: Options, light: bool):
+    """Decode workers started before preflight imports torch (seconds), for a run that surely has work:
+    a new or --overwrite output folder (no settings yet, so no rows to match) and files to encode,
+    on the local engine. The first photo is then decoded by the time the model has loaded.
+    Preflight changes only the model path and dtype, which decoding does not read. A re-run
+    (settings there) may have nothing to do: its workers start in the engine, once todo is known."""
+    if light or not items or options.engine != "local" or options.workers == 0:
+        return None
+    from ..media.workers import DecodePool
+
+    return DecodePool(options, options.workers, options.decode_timeout).start()
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    """OUT made and locked; a folder we cannot write to (read-only, immutable, full) is a usage error."""
+    lock = Lock(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except OSError as e:
+        raise UsageError(f"cannot write to {out}: {reason(e)}") from None
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def _engine(name: str):
+    """--engine → its encode(todo, run); Ray is imported only when asked for."""
+    if name == "ray":
+        from .ray import encode
+    else:
+        from .local import encode
+    return encode
+
+
+def _nothing_to_do(run: Run, checked: bool):
+    """Every file has its row: no model, no decode workers, no Ray (and no torch import).
+
+    `checked`: preflight found the model (a folder this run made): its settings are recorded as
+    a loaded model's would be. A re-run's settings already name the model that worked."""
+    from types import SimpleNamespace
+
+    options = run.options
+    if checked:
+        run.ready()
+    summary = SimpleNamespace(files=0, ok=0, failed=0, by_status={}, frames=0, tokens=0, patches=0, seconds=0.0)
+    if options.engine == "ray":
+        run.log(f"{run.done} files, all done already; Ray not started")
+        summary.where = {"ray_address": options.ray_address or "local"}
+    else:
+        run.log(f"{run.done} files, all done already; model not loaded")
+        names = ", ".join(options.devices.split(",")) if options.devices else options.device
+        summary.where = {"device": names, "dtype": options.dtype, "batching": options.batching, "max_batch_patches": 0,
+                         "tower_waited_share": None, "decode_files_per_s_per_worker": None}  # as pipeline.NOTHING_TIMED
+    return summary
