@@ -1,4 +1,4 @@
-"""The README's Gemma 4 and retrieval snippets run as written, against a tiny full checkpoint."""
+"""The Gemma 4 and retrieval snippets of README.md and docs/gemma.md run as written, against a tiny full checkpoint."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from gemma4enc.dev.demo import write_video
 from . import gemma_client as gc
 from .helpers import photo
 
-README = Path(__file__).parents[1] / "README.md"
+ROOT = Path(__file__).parents[1]
+README, GEMMA = ROOT / "README.md", ROOT / "docs" / "gemma.md"
 
 
-def snippet(marker: str) -> str:
-    found = re.search(rf"<!-- tested: {marker} -->\n```python\n(.*?)\n```", README.read_text(), re.S)
-    assert found, f"no '<!-- tested: {marker} -->' code block in README.md"
+def snippet(marker: str, doc: Path = README) -> str:
+    found = re.search(rf"<!-- tested: {marker} -->\n```python\n(.*?)\n```", doc.read_text(), re.S)
+    assert found, f"no '<!-- tested: {marker} -->' code block in {doc.name}"
     return found.group(1)
 
 
@@ -41,8 +42,11 @@ def test_gemma_and_retrieval_snippets(workdir, monkeypatch, capsys):
     result = CliRunner().invoke(app, ["encode", "media", "-o", "embeddings", "--model", "google/gemma-4-E2B-it",
                                       "--device", "cpu", "--workers", "0", "--frames", "3", "-q"])
     assert result.exit_code == 0, result.output
+    short: dict = {}
+    exec(compile(snippet("gemma"), "README.md:gemma", "exec"), short)
+    assert short["out"].shape[1] == short["batch"]["input_ids"].shape[1] + 20
     gemma: dict = {}
-    exec(compile(snippet("gemma"), "README.md:gemma", "exec"), gemma)
+    exec(compile(snippet("splice", GEMMA), "docs/gemma.md:splice", "exec"), gemma)
     batch, out, model = gemma["batch"], gemma["out"], gemma["model"]
     assert out.shape[1] == batch["input_ids"].shape[1] + 20
     with torch.no_grad():
