@@ -34,7 +34,7 @@ def render() -> str:
     commands = list(typer.main.get_command(app).commands)  # in the order cli.py declares them
     parts = ["# Command-line reference", "",
              "Generated from each command's `--help` by `python scripts/cli_docs.py`; the test suite",
-             "checks that it matches, so edit the help texts in `gemma4enc/cli.py`, not this file.", "",
+             "checks that it matches, so edit the help texts in `gemma4enc/commands/cli.py`, not this file.", "",
              "```text", help_text([]), "```"]
     for name in commands:
         parts += ["", f"## `gemma4enc {name}`", "", "```text", help_text([name]), "```"]

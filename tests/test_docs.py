@@ -32,7 +32,7 @@ def _cli_options() -> set[str]:
     """Every option name of every command, from the CLI itself."""
     import typer.main
 
-    from gemma4enc.cli import app
+    from gemma4enc.commands.cli import app
 
     names = {"--help", "-h", "--version"}
     for command in typer.main.get_command(app).commands.values():

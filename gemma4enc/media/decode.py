@@ -128,7 +128,7 @@ UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4:
            8: Image.Transpose.ROTATE_90}
 # --resize fast, formats without a reduced decode: box-shrink by k only while the image stays
 # this many times its target, then bicubic: a smaller margin let the box's blur through and fell
-# towards the 45 dB floor (benchmarks/decode.py on 12 MP photos; figures in docs/benchmarks.md).
+# towards the 45 dB floor (benchmarks/decode.py on 12 MP photos; figures in docs/benchmarks/decode.md).
 REDUCE_MARGIN = 2.0
 
 
@@ -173,7 +173,7 @@ def _same(frame):
 
 # --resize fast, videos: a frame is box-averaged by a whole factor first while the processor's
 # bicubic that follows still shrinks it by at least this much; below it the box's blur shows and
-# the frame falls under the 45 dB floor (benchmarks/video_decode.py; docs/benchmarks.md)
+# the frame falls under the 45 dB floor (benchmarks/video_decode.py; docs/benchmarks/video.md)
 PREFIT_GAP = 1.8
 
 

@@ -14,7 +14,7 @@ import torch
 
 from ..media.patches import POOL, Patches
 
-CPU_PATCHES = 8192  # on the CPU batching buys little (see docs/benchmarks.md): keep working sets small
+CPU_PATCHES = 8192  # on the CPU batching buys little (see docs/benchmarks/tower.md): keep working sets small
 BATCHINGS = ("auto", "serial", "bucket", "pack")
 
 
@@ -55,7 +55,7 @@ def batches(units: list[Unit], mode: str, max_patches: int) -> list[list[Unit]]:
 def resolve_batching(mode: str, device: torch.device, attention: bool = True) -> str:
     """auto: what `gemma4enc bench` measured fastest. On an accelerator, packs (one launch for
     many items, no padding); on the CPU one item per call: batching buys no FLOPs there and
-    larger working sets cost cache (serial beat pack and hf-padded, docs/benchmarks.md).
+    larger working sets cost cache (serial beat pack and hf-padded, docs/benchmarks/tower.md).
     A tower without attention (the unified model) takes packs everywhere: one call over as many
     patches as the budget allows, nothing to pad or mask."""
     if mode != "auto":

@@ -53,7 +53,7 @@ class Tower:
         """--compile: same-size stacks (serial, bucket) go through torch.compile'd layers. The
         layers are alike, so one graph serves all of them and every patch count (dynamic shapes):
         seconds of compiling, small beside a long run. On a CPU with AMX it fuses the bfloat16
-        elementwise steps, a large share of the time there (figures in docs/benchmarks.md).
+        elementwise steps, a large share of the time there (figures in docs/benchmarks/tower.md).
         Packs stay eager: their per-item attention would be a graph break in every layer."""
         self._compiled = [torch.compile(layer, dynamic=True) for layer in self.vision.encoder.layers]
         return self

@@ -4,7 +4,7 @@ The same modules, tensor names and arithmetic as transformers' Gemma4VisionModel
 Gemma4MultimodalEmbedder, op for op: tests/test_vision.py holds every output bit-equal to
 theirs, in float32 and bfloat16. We keep our own copy so that encoding needs no `import
 transformers`: that import (and its config classes) is most of a short run's start-up, and
-the tower is all a run needs of it (docs/benchmarks.md). What differs is only what our
+the tower is all a run needs of it (docs/benchmarks/photos.md). What differs is only what our
 batching needs (no padding: our calls carry none; attention over a whole stack or kept inside
 each item of a pack, `segments`), clip bounds read once as Python floats, and a few steps done
 in place on tensors the step itself made (the same arithmetic, fewer large temporaries).
@@ -106,7 +106,7 @@ class ClippableLinear(nn.Module):
 
     def read_bounds(self) -> None:
         """The bounds as Python floats, read once after loading and casting (the buffers' own values):
-        on the CPU a clamp with 0-dim tensor bounds is several times slower (docs/benchmarks.md)."""
+        on the CPU a clamp with 0-dim tensor bounds is several times slower (docs/benchmarks/tower.md)."""
         if self.clipped:
             self.bounds = tuple(float(getattr(self, name)) for name in BOUNDS)
 

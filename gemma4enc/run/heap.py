@@ -2,7 +2,7 @@
 
 Each window frees large buffers (decoded pixels, the tower's temporaries) that glibc placed on
 the heap between small ones that live on (the tokens a shard collects until it is written).
-Without a trim the freed holes stay resident (docs/benchmarks.md, "heap holes").
+Without a trim the freed holes stay resident (docs/benchmarks/memory.md, "heap holes").
 """
 
 from __future__ import annotations
