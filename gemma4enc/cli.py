@@ -471,6 +471,70 @@ def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help=
 
 
 @command()
+def export(
+    out: OutFolder,
+    dest: Annotated[Path, typer.Argument(help="Folder to write (new or empty; see --overwrite).")],
+    to: Annotated[str, typer.Option("--to", help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB) or webdataset (tar shards of KEY.npy + KEY.json).")] = "clip",
+    dtype: Annotated[str, typer.Option("--dtype", help="float16 or float32 (bfloat16 tokens widen to float32 exactly).")] = "float16",
+    per_frame: Annotated[bool, typer.Option("--per-frame", help="One row per sampled video frame (its tokens and their mean) instead of per file.")] = False,
+    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the pooled vectors (default: on for clip, off otherwise).", show_default=False)] = None,
+    rows_per_file: Annotated[Optional[int], typer.Option("--rows-per-file", help="Start a new file after this many rows (default: by --file-size only).")] = None,
+    file_size: Annotated[str, typer.Option("--file-size", help="Start a new file once this many bytes of vectors or tokens are written: 1GB, 256MB, 1GiB.")] = "1GB",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier export in the folder (only the files an export writes are removed).")] = False,
+    json_out: Json = False,
+):
+    """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
+    from .export import export as run_export
+
+    report = run_export(out, to, dest, dtype, per_frame, normalize, rows_per_file, parse_size(file_size, "--file-size"),
+                        overwrite)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(f"{report['dir']}: {report['rows']:,} rows in {len(report['files'])} file(s), {to}, {dtype}"
+                   f"{', normalised' if report['normalized'] else ''}{', per frame' if per_frame else ''}")
+
+
+@command()
+def search(
+    out: OutFolder,
+    files: Annotated[Optional[list[str]], typer.Argument(help="Files to find the nearest of: looked up in OUT, or encoded with OUT's settings and model.", show_default=False)] = None,
+    k: Annotated[int, typer.Option("-k", "--top", help="Nearest files listed per file (itself first, when OUT holds it).")] = 10,
+    dups: Annotated[bool, typer.Option("--duplicates", help="Instead: list the groups of near-duplicate files in OUT.")] = False,
+    threshold: Annotated[float, typer.Option("--threshold", help="--duplicates: the cosine two files' pooled vectors reach to be grouped.")] = 0.98,
+    device: Annotated[str, typer.Option(help="Where files OUT lacks are encoded: auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    json_out: Json = False,
+    quiet: Quiet = False,
+):
+    """Nearest files by cosine of pooled vectors (a faiss index cached in OUT, or numpy), or near-duplicates."""
+    from .search import duplicates, search as find
+
+    if dups == bool(files):
+        raise UsageError("give FILES to search for, or --duplicates (not both)")
+    say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
+    if dups:
+        report = duplicates(out, threshold, log=say)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            typer.echo("\n\n".join("\n".join(group) for group in report["groups"]))
+            say(f"{len(report['groups'])} group(s) of {sum(map(len, report['groups']))} files at cosine ≥ {threshold}")
+        return
+    Options(device=device)  # a bad --device is refused before the index is read
+    report = find(out, files, k, device, bar=lambda n: Bar(n, True), log=say)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        for result in report["results"]:
+            if len(files) > 1:
+                typer.echo(f"{result['file']}:")
+            typer.echo("\n".join(f"{hit['score']:.4f}  {hit['path']}" for hit in result["hits"]))
+    for failure in report["failed"]:
+        say(f"{failure['file']}: {failure['error']}")
+    raise typer.Exit(1 if report["failed"] else 0)
+
+
+@command()
 def bench(
     folder: Annotated[Optional[Path], typer.Argument(help="--e2e: measure a sample of this folder instead of the generated real-size set.", show_default=False)] = None,
     size: Annotated[str, typer.Option(help="Released tower size to imitate: e2b, 26b or 12b (the unified model's embedder; random weights).")] = "e2b",
