@@ -145,7 +145,8 @@ def _columns(per_frame: bool) -> dict[str, str]:
 
 def _cast(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 → the export dtype; a value past float16's range is refused, not written as inf."""
-    cast = values.astype(DTYPES[dtype], copy=False)
+    with np.errstate(over="ignore"):  # said below, in words
+        cast = values.astype(DTYPES[dtype], copy=False)
     if dtype == "float16" and not np.isfinite(cast).all() and np.isfinite(values).all():
         raise UsageError("values beyond float16's range (±65504): export with --dtype float32")
     return cast
