@@ -163,8 +163,12 @@ def search(out, files: list[str], k: int = 10, device: str = "auto", bar=None, l
     results = []
     if queries:
         scores, ids = index.search(np.stack(list(queries.values())), k)
-    for n, f in enumerate(queries):
-        hits = [{"path": index.paths[i], "score": round(float(s), 6)} for s, i in zip(scores[n], ids[n])]
+    for n, (f, query) in enumerate(queries.items()):
+        hits = [(float(s), i) for s, i in zip(scores[n], ids[n].tolist())]
+        if sources[f] == "out":  # itself first, even among exact copies of it (equal scores)
+            own = positions[os.path.abspath(f)]
+            hits = [(float(query @ query), own), *[(s, i) for s, i in hits if i != own]][:len(hits)]
+        hits = [{"path": index.paths[i], "score": round(s, 6)} for s, i in hits]
         results.append({"file": f, "path": os.path.abspath(f), "source": sources[f], "hits": hits})
     failed = [{"file": f, "path": os.path.abspath(f), "error": e} for f, e in errors.items()]
     return {"out": str(out), "backend": index.backend, "rows": len(index), "results": results, "failed": failed}
