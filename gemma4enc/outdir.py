@@ -22,6 +22,7 @@ from .rows import Status
 from .preflight import SETTINGS  # noqa: F401 - kept where the CLI can read it without torch
 
 LOCK = "gemma4enc.lock"
+SEARCH_INDEX = ("search-index.faiss", "search-index.json")  # search's cache (search.py names them too)
 LOST = Status.SHARD_LOST  # a row whose shard went missing or unreadable: always encoded again
 # a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
 # then the rewrite costs no more than the rows appended since the last one
@@ -115,7 +116,7 @@ def _alive(pid) -> bool:
 
 def ours(out: Path) -> list[Path]:
     """Everything gemma4enc writes in OUT (and only that: --overwrite removes these)."""
-    return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS)
+    return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS, *SEARCH_INDEX)
             or TEMP_RE.match(p.name)]
 
 

@@ -20,11 +20,11 @@ import numpy as np
 from .errors import UsageError
 from .ledger import MANIFEST, atomic_write
 from .npreader import NumpyEmbeddings
+from .outdir import SEARCH_INDEX
 from .preflight import SETTINGS
 from .vectors import hidden_size, placed, records
 
-INDEX = "search-index.faiss"  # OUT's cached faiss index, and beside it the paths of its rows
-KEYS = "search-index.json"
+INDEX, KEYS = SEARCH_INDEX  # OUT's cached faiss index, and beside it the paths of its rows (--overwrite removes them)
 BLOCK = 1024  # query rows scored at once for --duplicates (BLOCK × N scores in memory)
 
 
