@@ -104,29 +104,38 @@ def load_index(out: Path, log=lambda message: None, use_faiss: bool = True) -> t
                 return Index(keys["paths"], None, faiss.read_index(str(out / INDEX))), emb
         except (OSError, ValueError, RuntimeError, KeyError):
             pass  # none yet, or unreadable: built again
-    paths, matrix = _matrix(emb)
     if faiss is None:
+        paths, matrix = _matrix(emb)
         return Index(paths, matrix), emb
-    index = faiss.IndexFlatIP(matrix.shape[1])
-    index.add(matrix)
+    paths, index = _matrix(emb, faiss)
     try:
         atomic_write(out / INDEX, lambda tmp: faiss.write_index(index, str(tmp)))
         atomic_write(out / KEYS, lambda tmp: tmp.write_text(json.dumps({"stamp": stamp, "paths": paths})))
     except (OSError, RuntimeError) as e:
         log(f"the index is not cached in {out} ({getattr(e, 'strerror', None) or e}); it is built again next time")
-    return Index(paths, matrix, index), emb
+    return Index(paths, None, index), emb
 
 
-def _matrix(emb: NumpyEmbeddings) -> tuple[list[str], np.ndarray]:
+def _matrix(emb: NumpyEmbeddings, faiss=None):
+    """(paths, the unit vectors): a numpy matrix, or with faiss an IndexFlatIP filled block by block
+    (the vectors are held once, in the index)."""
     shards = placed(emb)
-    matrix = np.empty((sum(len(v) for v in shards.values()), hidden_size(emb, shards)), np.float32)
-    paths = []
-    for i, rec in enumerate(records(emb, shards=shards)):
-        matrix[i] = rec.pooled
-        paths.append(rec.row["path"])
-    if not paths:
+    n, dim = sum(len(v) for v in shards.values()), hidden_size(emb, shards)
+    if not n:
         raise UsageError(f"{emb.out}: no encoded file to search")
-    return paths, unit(matrix)
+    index = faiss.IndexFlatIP(dim) if faiss is not None else None
+    matrix = np.empty((n if index is None else min(n, BLOCK), dim), np.float32)
+    paths = []
+    for rec in records(emb, shards=shards):
+        matrix[len(paths) % len(matrix)] = rec.pooled
+        paths.append(rec.row["path"])
+        if index is not None and (len(paths) % len(matrix) == 0 or len(paths) == n):
+            index.add(unit(matrix[: (len(paths) - 1) % len(matrix) + 1]))
+    if index is not None:
+        return paths, index
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    matrix /= np.where(norms > 0, norms, 1)  # in place: the matrix is the largest thing held
+    return paths, matrix
 
 
 def search(out, files: list[str], k: int = 10, device: str = "auto", bar=None, log=lambda message: None,

@@ -17,7 +17,7 @@ import numpy as np
 from .errors import UsageError
 from .npreader import Rows, Shard
 
-WINDOW = 1 << 14  # pooled rows read at once (stored rows between the wanted ones included)
+WINDOW = 1 << 12  # pooled rows read at once (stored rows between the wanted ones included)
 
 
 @dataclass
