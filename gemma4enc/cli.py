@@ -73,6 +73,7 @@ Exclude = Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip pa
 Hidden = Annotated[bool, typer.Option("--hidden", help="Also walk hidden files and folders.")]
 MaxPixels = Annotated[int, typer.Option("--max-image-pixels", help="Refuse images with more pixels (decompression bombs); 0 = no limit.")]
 Pooled = Annotated[bool, typer.Option("--pooled/--no-pooled", help="Also store each file's mean token.")]
+Store = Annotated[str, typer.Option("--store", help="What shards keep: tokens (and the pooled vectors), or pooled (each file's and each video frame's mean token only: no tokens, for search and export --to clip).")]
 Workers = Annotated[Optional[int], typer.Option("--workers", help="Decode worker processes (default: CPU count - 1; 0 = decode in this process, no timeout).")]
 DecodeTimeout = Annotated[float, typer.Option("--decode-timeout", help="Seconds one file may take to decode before it is recorded as timeout; 0 = no limit.")]
 FlushSeconds = Annotated[float, typer.Option("--flush-seconds", help="Write a shard at least this often, so a kill loses little.")]
@@ -232,6 +233,7 @@ def encode(
     hidden: Hidden = False,
     max_image_pixels: MaxPixels = DEFAULT.max_image_pixels,
     pooled: Pooled = DEFAULT.pooled,
+    store: Store = DEFAULT.store,
     workers: Workers = DEFAULT.workers,
     decode_timeout: DecodeTimeout = DEFAULT.decode_timeout,
     flush_seconds: FlushSeconds = DEFAULT.flush_seconds,
@@ -267,7 +269,8 @@ def encode(
     if ctx is not None and "log_handler" in ctx.meta:
         ctx.meta["log_handler"].sink = say
     recorded = dict(model=model, revision=revision, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
-                    fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize, seek=seek)
+                    fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize, seek=seek,
+                    store=store)
     saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags
     differ = ", ".join(f"{k} {v}" for k, v in saved.items() if recorded[k] != v)
     if differ:
@@ -283,7 +286,7 @@ def encode(
             video_tokens=r["video_tokens"], resize=r["resize"], seek=r["seek"], sampling=_sampling(r["frames"], r["fps"], r["max_frames"]),
             video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
             max_batch_patches=max_batch_patches, compile=use_compile, shard_bytes=parse_size(shard_size),
-            out_dtype=r["out_dtype"], max_image_pixels=max_image_pixels or None, pooled=r["pooled"], workers=workers,
+            out_dtype=r["out_dtype"], max_image_pixels=max_image_pixels or None, pooled=r["pooled"], store=r["store"], workers=workers,
             decode_timeout=decode_timeout or None, flush_seconds=flush_seconds, hash=content_hash,
             retry_failed=retry_failed, max_failures=max_failures, engine=engine, ray_address=ray_address,
             ray_actors=ray_actors, task_files=task_files,

@@ -39,7 +39,8 @@ def placed(emb: Rows) -> dict[str, np.ndarray]:
 def hidden_size(emb: Rows, shards) -> int:
     """The stored width, from the first shard's header (0 for a folder with no tokens)."""
     for name in sorted(shards):
-        return _open(emb, name).header["tokens"]["shape"][1]
+        header = _open(emb, name).header
+        return header["tokens" if "tokens" in header else "pooled"]["shape"][1]  # --store pooled: no tokens
     return 0
 
 
@@ -68,6 +69,12 @@ def _shard_records(shard: Shard, rows: list[dict], per_frame: bool, tokens: bool
     item_frames = shard.rows("item_frames", 0, n + 1)
     frame_offsets = shard.rows("frame_offsets", 0, shard.header["frame_offsets"]["shape"][0])
     stored = "pooled" in shard
+    if "tokens" not in shard:  # --store pooled
+        if tokens:
+            raise UsageError(f"{shard.path.parent} was encoded with --store pooled: it keeps no tokens to export "
+                             "(--to clip exports its pooled vectors)")
+        yield from _pooled_records(shard, rows, per_frame, item_frames)
+        return
     block, start = None, 0
     for row in rows:
         i = row["index"]
@@ -83,3 +90,20 @@ def _shard_records(shard: Shard, rows: list[dict], per_frame: bool, tokens: bool
         else:
             pooled = block[i - start] if stored else t.mean(0, dtype=np.float32)
             yield Record(row, 0 if per_frame else None, pooled, t if tokens else None)
+
+
+def _pooled_records(shard: Shard, rows: list[dict], per_frame: bool, item_frames: np.ndarray) -> Iterator[Record]:
+    """A --store pooled shard's rows: the stored file means, or per frame the stored frame means."""
+    n = len(item_frames) - 1
+    block, start = None, 0
+    for row in rows:
+        i = row["index"]
+        if per_frame and row["kind"] == "video":
+            a, b = int(item_frames[i]), int(item_frames[i + 1])
+            for f, vector in enumerate(shard.rows("frame_pooled", a, b)):
+                yield Record(row, f, vector, None)
+            continue
+        if block is None or i >= start + len(block):
+            start = i
+            block = shard.rows("pooled", i, min(i + WINDOW, n))
+        yield Record(row, 0 if per_frame else None, block[i - start], None)

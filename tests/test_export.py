@@ -193,3 +193,64 @@ def test_float16_overflow_is_refused():
     with pytest.raises(UsageError, match="--dtype float32"):
         export_module._cast(np.array([1e5], np.float32), "float16")
     assert export_module._cast(np.array([1e5], np.float32), "float32")[0] == 1e5
+
+
+def test_store_pooled_keeps_the_vectors_without_the_tokens(folder, ckpt):
+    """encode --store pooled: the same pooled vectors bit for bit, per-frame means, no tokens; the reader
+    says so, verify, compact --prune, export --to clip and search work on it."""
+    import shutil
+
+    import torch
+
+    from gemma4enc.search import search
+
+    from .helpers import encode, flags, verify
+
+    root, media, out = folder
+    copy = root / "media-pooled"
+    shutil.copytree(media, copy)
+    small = root / "pooled"
+    args = [copy, "-o", small, "--model", ckpt, *flags(out_dtype="bfloat16", frames=3, json=False),
+            "--workers", "0", "--max-soft-tokens", "70", "--hash", "--store", "pooled"]
+    assert encode(args).exit_code == 1  # the broken files
+    assert json.loads((small / "settings.json").read_text())["store"] == "pooled"
+    big, little = gemma4enc.open(out), gemma4enc.open(small)
+    assert sorted(p.replace(str(copy), str(media)) for p in little) == sorted(big)
+    size = lambda folder: sum(p.stat().st_size for p in folder.glob("shard-*.safetensors"))  # noqa: E731
+    assert size(small) * 20 < size(out)
+    for path in little:
+        assert torch.equal(little.pooled(path), big.pooled(path.replace(str(copy), str(media)))), path
+    clip = str(copy / "clip.mp4")
+    for reader in (little, gemma4enc.open(small, framework="numpy")):
+        with pytest.raises(KeyError, match="--store pooled"):
+            reader[clip]
+        with pytest.raises(KeyError, match="--store pooled"):
+            reader.frames(clip)
+    keys, frames = little.pooled_matrix(per_frame=True)
+    want = {(p.replace(str(media), str(copy)), f): v for (p, f), v in zip(*big.pooled_matrix(per_frame=True))}
+    for key, vector in zip(keys, frames):  # stored in bfloat16, computed from bfloat16 tokens in float32
+        assert np.allclose(vector, want[key], rtol=1e-2, atol=1e-2), key
+    assert verify(small)["ok"]
+
+    dest = root / "pooled-clip"
+    export(small, dest, "--per-frame", "--dtype", "float32", "--no-normalize")
+    import pyarrow.parquet as pq
+
+    vectors = np.concatenate([np.load(p) for p in sorted(glob.glob(str(dest / "img_emb/*.npy")))])
+    meta = pq.read_table(sorted(glob.glob(str(dest / "metadata/*.parquet")))).to_pylist()
+    stored = {key: vector for key, vector in zip(keys, frames)}
+    assert len(meta) == len(keys)
+    for vector, m in zip(vectors, meta):  # the stored frame means, as the reader gives them
+        assert np.array_equal(vector, stored[(m["path"], m["frame"])]), m
+    assert "--store pooled" in export(small, root / "pooled-parquet", "--to", "parquet", code=2).output
+    hits = search(small, [str(copy / "p2.png")], k=1)["results"][0]["hits"]
+    assert hits[0]["path"] == str(copy / "p2.png")
+
+    before = {p: little.pooled(p) for p in little}
+    (copy / "p2.png").unlink()
+    result = RUN.invoke(app, ["compact", str(small), "--prune", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["pruned"] == 1, result.output
+    assert verify(small)["ok"]
+    after = gemma4enc.open(small)
+    assert len(after) == len(before) - 1 and all(torch.equal(after.pooled(p), before[p]) for p in after)
+    assert len(after.pooled_matrix(per_frame=True)[0]) == len(keys) - 1
