@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ._version import __version__
-from .errors import UsageError, output_error
+from .errors import OutputError, UsageError, reason
 from .ledger import atomic_write, temp_name
 from .preflight import SETTINGS
 from .vectors import Record, hidden_size, placed, records
@@ -80,14 +80,15 @@ def export(out, to: str, dest, dtype: str = "float16", per_frame: bool = False, 
             writer.add(rec, _meta(rec, per_frame))
             rows += 1
         files = writer.close()
+        report = info | {"dir": str(dest), "rows": rows, "files": files}
+        atomic_write(dest / INFO, lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
     except OSError as e:
         writer.abort()
-        raise output_error("the export", dest, e) from None
+        raise OutputError(f"cannot write the export in {dest}: {reason(e)}; run it again with --overwrite "
+                          "once the folder takes writes") from None
     except BaseException:
         writer.abort()
         raise
-    report = info | {"dir": str(dest), "rows": rows, "files": files}
-    atomic_write(dest / INFO, lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
     return report | {"seconds": round(time.perf_counter() - start, 3)}
 
 

@@ -212,6 +212,8 @@ def test_store_pooled_keeps_the_vectors_without_the_tokens(folder, ckpt):
     small = root / "pooled"
     args = [copy, "-o", small, "--model", ckpt, *flags(out_dtype="bfloat16", frames=3, json=False),
             "--workers", "0", "--max-soft-tokens", "70", "--hash", "--store", "pooled"]
+    refused = encode([*args, "--no-pooled"])
+    assert refused.exit_code == 2 and "--no-pooled" in refused.output and not small.exists()
     assert encode(args).exit_code == 1  # the broken files
     assert json.loads((small / "settings.json").read_text())["store"] == "pooled"
     big, little = gemma4enc.open(out), gemma4enc.open(small)
