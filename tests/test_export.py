@@ -79,6 +79,14 @@ def test_clip_layout_through_embedding_reader(folder):
         assert array.dtype == np.float16 and len(array) == meta.num_rows
         info = json.loads(meta.schema.metadata[b"gemma4enc"])
         assert info["settings"]["out_dtype"] == "bfloat16" and info["dtype"] == "float16" and info["normalized"]
+    import faiss  # what autofaiss builds on: the exported vectors as they are, each its own nearest (or its copy's)
+
+    vectors = np.concatenate([np.load(dest / f"img_emb/img_emb_{n}.npy") for n in range(3)]).astype(np.float32)
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    scores, ids = index.search(vectors, 1)
+    assert np.allclose(scores[:, 0], 1, atol=2e-3) and all(np.array_equal(vectors[i], vectors[j])
+                                                           for i, j in enumerate(ids[:, 0]))
     changed = ref[str(media / "p1.png")][2]
     assert changed["width"] == 330  # the new row's, not the superseded one's
 
