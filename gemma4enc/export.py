@@ -3,7 +3,7 @@
   clip        img_emb/img_emb_N.npy + metadata/metadata_N.parquet, row-aligned: clip-retrieval's
               layout, what embedding-reader (parquet_npy) and autofaiss read; pooled vectors,
               L2-normalised by default
-  parquet     part-NNNNN.parquet, one row per file: the metadata, `soft_tokens` (n, D) as datasets'
+  parquet     data/train-NNNNN.parquet (the Hub's layout: export.json is no split), one row per file: the metadata, `soft_tokens` (n, D) as datasets'
               Array2D((None, D)) stores it, `pooled` as a fixed-size list; datasets, pyarrow, DuckDB
   webdataset  NNNNNN.tar: KEY.npy (tokens), KEY.pooled.npy, KEY.json (the row) per sample; the key is
               a row number (WebDataset's key ends at the first dot of a name, so it has none)
@@ -37,7 +37,7 @@ INFO = "export.json"
 BATCH_ROWS = 1 << 16  # metadata rows written at once
 BATCH_BYTES = 32 << 20  # vector and token bytes held before they are written
 # what an export writes, and only that (--overwrite removes these)
-OURS = re.compile(r"^(img_emb/img_emb_\d+\.npy|metadata/metadata_\d+\.parquet|part-\d+\.parquet|\d{6}\.tar|"
+OURS = re.compile(r"^(img_emb/img_emb_\d+\.npy|metadata/metadata_\d+\.parquet|data/train-\d+\.parquet|\d{6}\.tar|"
                   + re.escape(INFO) + r")$")
 HEADER = 128  # bytes of a streamed .npy header (numpy's own size for 2-D shapes), patched at the end
 
@@ -285,7 +285,7 @@ class ClipWriter(Writer):
 
 
 class ParquetWriter(Writer):
-    """part-NNNNN.parquet: metadata, `soft_tokens` list<list<half>> ((n, D), datasets' Array2D storage),
+    """data/train-NNNNN.parquet: metadata, `soft_tokens` list<list<half>> ((n, D), datasets' Array2D storage),
     `pooled` fixed_size_list<half>[D]; the datasets features in the schema's `huggingface` metadata."""
 
     def _open_file(self, number: int) -> None:
@@ -301,7 +301,7 @@ class ParquetWriter(Writer):
         features["soft_tokens"] = {"shape": [None, self.dim], "dtype": self.dtype, "_type": "Array2D"}
         features["pooled"] = {"feature": {"dtype": self.dtype, "_type": "Value"}, "length": self.dim, "_type": "List"}
         hf = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
-        self.pq = self.parquet(f"part-{number:05d}.parquet", schema.with_metadata(hf))
+        self.pq = self.parquet(f"data/train-{number:05d}.parquet", schema.with_metadata(hf))
         self.tokens, self.pooled, self.metas, self.held = [], [], [], 0
 
     def write(self, rec: Record, meta: dict) -> int:

@@ -124,13 +124,17 @@ def test_parquet_through_datasets_pyarrow_and_duckdb(folder):
     root, _, out = folder
     dest = root / "parquet"
     export(out, dest, "--to", "parquet", "--rows-per-file", 3)
-    files = sorted(glob.glob(str(dest / "*.parquet")))
+    files = sorted(glob.glob(str(dest / "data/*.parquet")))
     assert len(files) == 2
     ref = reference(out)
     ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(root / "hf-cache"))
     assert ds.features["soft_tokens"] == datasets.Array2D(shape=(None, 48), dtype="float16")
     assert ds.features["pooled"] == datasets.List(datasets.Value("float16"), length=48)
     assert sorted(ds["path"]) == sorted(ref)
+    for folder in (dest, dest / "data"):  # the folder as it is, or as parquet data: export.json is no data file
+        whole = datasets.load_dataset(str(folder), split="train", cache_dir=str(root / "hf-cache"))
+        assert sorted(whole["path"]) == sorted(ref) and whole.features == ds.features
+    assert datasets.load_dataset("parquet", data_dir=str(dest), split="train", cache_dir=str(root / "hf-cache")).num_rows == 5
     for item in ds.with_format("numpy"):
         pooled, tokens, row = ref[item["path"]]
         assert np.array_equal(item["soft_tokens"], tokens.astype(np.float16)), item["path"]
@@ -146,7 +150,7 @@ def test_parquet_through_datasets_pyarrow_and_duckdb(folder):
         want = ref[path][1].astype(np.float16)
         assert np.array_equal(np.array(tokens[n].values.flatten().to_numpy()).reshape(want.shape), want)
     assert json.loads(pq.read_schema(files[0]).metadata[b"gemma4enc"])["dtype"] == "float16"
-    pattern = str(dest / "*.parquet")
+    pattern = str(dest / "data/*.parquet")
     rows = duckdb.sql(f"select path, len(soft_tokens), len(pooled), soft_tokens[1][1] from '{pattern}'").fetchall()
     assert sorted(r[0] for r in rows) == sorted(ref)
     for path, n, d, first in rows:
