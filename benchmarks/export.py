@@ -8,7 +8,8 @@ leave it (settings.json, shards of PER_SHARD files, manifest.jsonl), one soft to
 width --dim in bfloat16, random values, and every 10th file encoded twice (its first row
 superseded) so that export must skip stale rows. No media: export and search read only OUT.
 Then it times `gemma4enc export` per format and `gemma4enc search` (a first search builds the
-index, a second uses the cached one) in fresh processes under /usr/bin/time.
+index, a second uses the cached one; with --duplicates also `search --duplicates`) in fresh
+processes under /usr/bin/time.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=1536, help="stored width (E2B's is 1536)")
     parser.add_argument("--to", action="append", help="formats (default: clip)")
     parser.add_argument("--work", type=Path, default=Path("bench-out/export"))
+    parser.add_argument("--duplicates", action="store_true", help="also time search --duplicates (every pair: N²)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     out = (args.work / f"out-{args.n}").resolve()
@@ -91,6 +93,8 @@ def main() -> None:
     query = "/bench/media/d00000/p0000007.jpg"  # in OUT (the file is gone: OUT's vector is all there is)
     report["runs"]["search (builds the index)"] = timed([*CLI, "search", str(out), query, "-k", "5", "-q"])
     report["runs"]["search (cached index)"] = timed([*CLI, "search", str(out), query, "-k", "5", "-q"])
+    if args.duplicates:
+        report["runs"]["search --duplicates"] = timed([*CLI, "search", str(out), "--duplicates", "-q"])
     print(json.dumps(report["runs"]), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
