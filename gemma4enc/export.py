@@ -3,7 +3,8 @@
   clip        img_emb/img_emb_N.npy + metadata/metadata_N.parquet, row-aligned: clip-retrieval's
               layout, what embedding-reader (parquet_npy) and autofaiss read; pooled vectors,
               L2-normalised by default
-  parquet     data/train-NNNNN.parquet (the Hub's layout: export.json is no split), one row per file: the metadata, `soft_tokens` (n, D) as datasets'
+  parquet     data/train-NNNNN.parquet (the Hub's layout: export.json is no split), one row per file:
+              the metadata, `soft_tokens` (n, D) as datasets'
               Array2D((None, D)) stores it, `pooled` as a fixed-size list; datasets, pyarrow, DuckDB
   webdataset  NNNNNN.tar: KEY.npy (tokens), KEY.pooled.npy, KEY.json (the row) per sample; the key is
               a row number (WebDataset's key ends at the first dot of a name, so it has none)

@@ -60,7 +60,10 @@ class Index:
             scores, ids = self.faiss.search(np.ascontiguousarray(queries, np.float32), k)
         else:
             sims = queries @ self.matrix.T
-            ids = np.argpartition(-sims, k - 1, axis=1)[:, :k] if k < len(self) else np.tile(np.arange(len(self)), (len(queries), 1))
+            if k < len(self):
+                ids = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+            else:
+                ids = np.tile(np.arange(len(self)), (len(queries), 1))
             scores = np.take_along_axis(sims, ids, 1)
         order = np.lexsort((ids, -scores), axis=1)
         return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
@@ -164,7 +167,8 @@ def search(out, files: list[str], k: int = 10, device: str = "auto", bar=None, l
     for f, source in sources.items():
         path = os.path.abspath(f)
         if source == "out":
-            queries[f] = index.matrix[positions[path]] if index.matrix is not None else index.faiss.reconstruct(positions[path])
+            i = positions[path]
+            queries[f] = index.matrix[i] if index.matrix is not None else index.faiss.reconstruct(i)
         elif isinstance(encoded.get(path), np.ndarray):
             queries[f] = unit(encoded[path])
         else:

@@ -134,7 +134,8 @@ def test_parquet_through_datasets_pyarrow_and_duckdb(folder):
     for folder in (dest, dest / "data"):  # the folder as it is, or as parquet data: export.json is no data file
         whole = datasets.load_dataset(str(folder), split="train", cache_dir=str(root / "hf-cache"))
         assert sorted(whole["path"]) == sorted(ref) and whole.features == ds.features
-    assert datasets.load_dataset("parquet", data_dir=str(dest), split="train", cache_dir=str(root / "hf-cache")).num_rows == 5
+    as_parquet = datasets.load_dataset("parquet", data_dir=str(dest), split="train", cache_dir=str(root / "hf-cache"))
+    assert as_parquet.num_rows == 5
     for item in ds.with_format("numpy"):
         pooled, tokens, row = ref[item["path"]]
         assert np.array_equal(item["soft_tokens"], tokens.astype(np.float16)), item["path"]
@@ -143,7 +144,8 @@ def test_parquet_through_datasets_pyarrow_and_duckdb(folder):
     table = pq.read_table(files)
     kind = table.schema.field("soft_tokens").type  # datasets, once imported, names the Array2D extension type
     storage = getattr(kind, "storage_type", kind)
-    assert pa.types.is_list(storage) and pa.types.is_list(storage.value_type) and storage.value_type.value_type == pa.float16()
+    assert pa.types.is_list(storage) and pa.types.is_list(storage.value_type)
+    assert storage.value_type.value_type == pa.float16()
     tokens = table.column("soft_tokens").combine_chunks()
     tokens = getattr(tokens, "storage", tokens)
     for path, n in zip(table.column("path").to_pylist(), range(table.num_rows)):
