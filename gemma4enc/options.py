@@ -23,6 +23,7 @@ OUT_DTYPES = ("bfloat16", "float16", "float32")
 VIDEO_BACKENDS = ("auto", "decord", "pyav")
 BATCHING = ("auto", "serial", "bucket", "pack")
 ENGINES = ("local", "ray")
+STORES = ("tokens", "pooled")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 # decimal like a disk's label (K, KB = 10³), binary with an i (KiB = 2¹⁰)
 SIZE_UNITS = {"": 1, "B": 1, **{p + s: 10 ** (3 * k) for k, p in enumerate("KMGT", 1) for s in ("", "B")},
@@ -118,6 +119,8 @@ class Options:
     max_image_pixels: int | None = 89_478_485
     # also store the mean token of each file: whether shards hold a `pooled` tensor, so in the fingerprint
     pooled: bool = fingerprint(default=True)
+    # what shards keep: tokens (and the pooled vectors) | pooled (the file's and each frame's mean only)
+    store: str = fingerprint(default="tokens")
     # decode worker processes (None: from the CPU count; 0: decode in the main process, no timeout)
     workers: int | None = None
     # seconds one file may take to decode before its worker is killed (None: no limit)
@@ -149,6 +152,9 @@ class Options:
         _one_of("--resize", self.resize, ("fast", "exact"))
         _one_of("--seek", self.seek, ("exact", "keyframe"))
         _one_of("--engine", self.engine, ENGINES)
+        _one_of("--store", self.store, STORES)
+        if self.store == "pooled" and not self.pooled:
+            raise UsageError("--store pooled keeps only the pooled vectors: it cannot go with --no-pooled")
         _one_of("--max-soft-tokens", self.image_tokens, SOFT_TOKEN_BUDGETS)
         _one_of("--video-soft-tokens", self.video_tokens, SOFT_TOKEN_BUDGETS)
         if not self.model:

@@ -139,3 +139,29 @@ def close(a, b, rel):
     """Max abs difference within rel × max|b|."""
     scale = b.abs().max().item()
     return (a.float() - b).abs().max().item() <= rel * scale
+
+
+# ── an output folder with history: what export and search are tested on ─────────────────────────
+
+
+def folder_with_history(root: Path, ckpt) -> tuple[Path, Path]:
+    """(media, out): five photos (one a byte copy of another), a clip and a broken file, encoded
+    into one shard per file (--shard-size 1KB) in bfloat16 with --hash; then one photo changed
+    (its first row superseded) and one turned to garbage (its latest row failed), encoded again."""
+    from gemma4enc.dev.demo import write_video
+
+    media = root / "media"
+    (media / "sub").mkdir(parents=True)
+    for i, (h, w) in enumerate([(200, 300), (300, 200), (120, 480), (256, 256)]):
+        photo(h, w, seed=i).save(media / f"p{i}.png")
+    (media / "sub" / "copy.png").write_bytes((media / "p0.png").read_bytes())
+    write_video(media / "clip.mp4", frames=12)
+    (media / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not a picture")
+    out = root / "out"
+    args = [media, "-o", out, "--model", ckpt, *flags(out_dtype="bfloat16", frames=3, json=False),
+            "--workers", "0", "--max-soft-tokens", "70", "--shard-size", "1KB", "--hash"]
+    assert encode(args).exit_code == 1  # broken.png
+    photo(210, 330, seed=9).save(media / "p1.png")  # changed: a new row, the old one superseded
+    (media / "p3.png").write_bytes(b"garbage now")  # its latest row fails, its old ok row is superseded
+    assert encode(args).exit_code == 1
+    return media, out

@@ -74,10 +74,12 @@ def test_the_defaults_are_valid_and_the_cli_takes_them_from_options():
 
 def test_the_fingerprint_is_marked_on_the_fields():
     marked = {f.name for f in fields(Options) if f.metadata.get("fingerprint")}
-    assert marked == {"model", "dtype", "image_tokens", "video_tokens", "resize", "seek", "sampling", "out_dtype", "pooled"}
+    assert marked == {"model", "dtype", "image_tokens", "video_tokens", "resize", "seek", "sampling", "out_dtype", "pooled",
+                      "store"}
     assert set(Options(dtype="float32").fingerprint()) == marked
     assert Options(dtype="float32").fingerprint() != Options(dtype="bfloat16").fingerprint()
     assert Options(pooled=False).fingerprint() != Options().fingerprint()
+    assert Options(store="pooled").fingerprint() != Options().fingerprint()
     assert Options(workers=3, batching="pack").fingerprint() == Options().fingerprint()  # speed, not output
 
 

@@ -72,6 +72,7 @@ Exclude = Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip pa
 Hidden = Annotated[bool, typer.Option("--hidden", help="Also walk hidden files and folders.")]
 MaxPixels = Annotated[int, typer.Option("--max-image-pixels", help="Refuse images with more pixels (decompression bombs); 0 = no limit.")]
 Pooled = Annotated[bool, typer.Option("--pooled/--no-pooled", help="Also store each file's mean token.")]
+Store = Annotated[str, typer.Option("--store", help="What shards keep: tokens (and the pooled vectors), or pooled (each file's and each video frame's mean token only: no tokens, for search and export --to clip).")]
 Workers = Annotated[Optional[int], typer.Option("--workers", help="Decode worker processes (default: CPU count - 1; 0 = decode in this process, no timeout).")]
 DecodeTimeout = Annotated[float, typer.Option("--decode-timeout", help="Seconds one file may take to decode before it is recorded as timeout; 0 = no limit.")]
 FlushSeconds = Annotated[float, typer.Option("--flush-seconds", help="Write a shard at least this often, so a kill loses little.")]
@@ -237,6 +238,7 @@ def encode(
     hidden: Hidden = False,
     max_image_pixels: MaxPixels = DEFAULT.max_image_pixels,
     pooled: Pooled = DEFAULT.pooled,
+    store: Store = DEFAULT.store,
     workers: Workers = DEFAULT.workers,
     decode_timeout: DecodeTimeout = DEFAULT.decode_timeout,
     flush_seconds: FlushSeconds = DEFAULT.flush_seconds,
@@ -271,7 +273,8 @@ def encode(
     if ctx is not None and "log_handler" in ctx.meta:
         ctx.meta["log_handler"].sink = say
     recorded = dict(model=model, revision=revision, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
-                    fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize, seek=seek)
+                    fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize, seek=seek,
+                    store=store)
     saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags
     differ = ", ".join(f"{k} {v}" for k, v in saved.items() if recorded[k] != v)
     if differ:
@@ -287,7 +290,7 @@ def encode(
             video_tokens=r["video_tokens"], resize=r["resize"], seek=r["seek"], sampling=_sampling(r["frames"], r["fps"], r["max_frames"]),
             video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
             max_batch_patches=max_batch_patches, compile=use_compile, shard_bytes=parse_size(shard_size),
-            out_dtype=r["out_dtype"], max_image_pixels=max_image_pixels or None, pooled=r["pooled"], workers=workers,
+            out_dtype=r["out_dtype"], max_image_pixels=max_image_pixels or None, pooled=r["pooled"], store=r["store"], workers=workers,
             decode_timeout=decode_timeout or None, flush_seconds=flush_seconds, hash=content_hash,
             retry_failed=retry_failed, max_failures=max_failures, engine=engine, ray_address=ray_address,
             ray_actors=ray_actors, task_files=task_files,
@@ -476,6 +479,70 @@ def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help=
         typer.echo(f"{report['out']}: {report['rows_before']} rows → {report['rows_after']}; pruned "
                    f"{report['pruned']} file(s), {report['pruned_tokens']:,} tokens, {report['shards_rewritten']} "
                    "shard(s) rewritten")
+
+
+@command()
+def export(
+    out: OutFolder,
+    dest: Annotated[Path, typer.Argument(help="Folder to write (new or empty; see --overwrite).")],
+    to: Annotated[str, typer.Option("--to", help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB) or webdataset (tar shards of KEY.npy + KEY.json).")] = "clip",
+    dtype: Annotated[str, typer.Option("--dtype", help="float16 or float32 (bfloat16 tokens widen to float32 exactly).")] = "float16",
+    per_frame: Annotated[bool, typer.Option("--per-frame", help="One row per sampled video frame (its tokens and their mean) instead of per file.")] = False,
+    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the pooled vectors (default: on for clip, off otherwise).", show_default=False)] = None,
+    rows_per_file: Annotated[Optional[int], typer.Option("--rows-per-file", help="Start a new file after this many rows (default: by --file-size only).")] = None,
+    file_size: Annotated[str, typer.Option("--file-size", help="Start a new file once this many bytes of vectors or tokens are written: 1GB, 256MB, 1GiB.")] = "1GB",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier export in the folder (only the files an export writes are removed).")] = False,
+    json_out: Json = False,
+):
+    """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
+    from ..output.export import export as run_export
+
+    report = run_export(out, to, dest, dtype, per_frame, normalize, rows_per_file, parse_size(file_size, "--file-size"),
+                        overwrite)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(f"{report['dir']}: {report['rows']:,} rows in {len(report['files'])} file(s), {to}, {dtype}"
+                   f"{', normalised' if report['normalized'] else ''}{', per frame' if per_frame else ''}")
+
+
+@command()
+def search(
+    out: OutFolder,
+    files: Annotated[Optional[list[str]], typer.Argument(help="Files to find the nearest of: looked up in OUT, or encoded with OUT's settings and model.", show_default=False)] = None,
+    k: Annotated[int, typer.Option("-k", "--top", help="Nearest files listed per file (itself first, when OUT holds it).")] = 10,
+    dups: Annotated[bool, typer.Option("--duplicates", help="Instead: list the groups of near-duplicate files in OUT.")] = False,
+    threshold: Annotated[float, typer.Option("--threshold", help="--duplicates: the cosine two files' pooled vectors reach to be grouped.")] = 0.98,
+    device: Annotated[str, typer.Option(help="Where files OUT lacks are encoded: auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    json_out: Json = False,
+    quiet: Quiet = False,
+):
+    """Nearest files by cosine of pooled vectors (a faiss index cached in OUT, or numpy), or near-duplicates."""
+    from ..run.search import duplicates, search as find
+
+    if dups == bool(files):
+        raise UsageError("give FILES to search for, or --duplicates (not both)")
+    say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
+    if dups:
+        report = duplicates(out, threshold, log=say)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            typer.echo("\n\n".join("\n".join(group) for group in report["groups"]))
+            say(f"{len(report['groups'])} group(s) of {sum(map(len, report['groups']))} files at cosine ≥ {threshold}")
+        return
+    Options(device=device)  # a bad --device is refused before the index is read
+    report = find(out, files, k, device, bar=lambda n: Bar(n, True), log=say)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        for result in report["results"]:
+            if len(files) > 1:
+                typer.echo(f"{result['file']}:")
+            typer.echo("\n".join(f"{hit['score']:.4f}  {hit['path']}" for hit in result["hits"]))
+    for failure in report["failed"]:
+        say(f"{failure['file']}: {failure['error']}")
+    raise typer.Exit(1 if report["failed"] else 0)
 
 
 @command()

@@ -165,30 +165,33 @@ def _check_open(f, rows: list[dict], settings: dict) -> tuple[list[str], int]:
 
     meta = f.metadata() or {}
     keys = set(f.keys())
-    need = {"tokens", *OFFSETS}
+    # --store pooled: no tokens; the frame means are what is checked, a row per frame
+    name = "frame_pooled" if meta.get("store") == "pooled" else "tokens"
+    need = {name, *OFFSETS} | ({"pooled"} if name == "frame_pooled" else set())
     if not need <= keys:
         return [f"tensors {sorted(need - keys)} are missing"], 0
     problems = []
     out_dtype = meta.get("out_dtype") or settings.get("out_dtype")
-    t = f.get_slice("tokens")
+    t = f.get_slice(name)
     dtype = str(t.get_dtype()).lower()
     want = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(out_dtype or "", None)
     if want and dtype != want:
-        problems.append(f"tokens are {dtype}, the header says {out_dtype}")
+        problems.append(f"{name} are {dtype}, the header says {out_dtype}")
     shape = t.get_shape()
     if len(shape) != 2:
-        return problems + [f"tokens have shape {shape}, want [T, D]"], 0
+        return problems + [f"{name} have shape {shape}, want [T, D]"], 0
     total, width = shape
     if meta.get("hidden_size") and int(meta["hidden_size"]) != width:
-        problems.append(f"tokens are {width} wide, the header says hidden_size {meta['hidden_size']}")
+        problems.append(f"{name} are {width} wide, the header says hidden_size {meta['hidden_size']}")
     off = {k: f.get_tensor(k) for k in OFFSETS}
     for k, v in off.items():
         if v.dtype != torch.int64 or v.ndim != 1 or len(v) < 1 or v[0] != 0 or bool((v[1:] < v[:-1]).any()):
             return problems + [f"{k} is not a non-decreasing int64 vector from 0"], 0
     items, frames = off["item_offsets"], off["frame_offsets"]
     n = len(items) - 1
-    if items[-1] != total or frames[-1] != total:
-        problems.append(f"offsets end at {items[-1]}/{frames[-1]}, tokens have {total} rows")
+    rows_of = frames[-1] if name == "tokens" else len(frames) - 1
+    if items[-1] != frames[-1] or rows_of != total:
+        problems.append(f"offsets end at {items[-1]}/{frames[-1]}, {name} have {total} rows")
     if len(off["item_frames"]) != n + 1 or off["item_frames"][-1] != len(frames) - 1:
         return problems + ["item_frames does not cover frame_offsets"], 0
     if not torch.equal(frames[off["item_frames"]], items):
@@ -212,6 +215,6 @@ def _check_open(f, rows: list[dict], settings: dict) -> tuple[list[str], int]:
         chunk = t[lo: min(total, lo + CHUNK_ROWS)]
         if not bool(torch.isfinite(chunk).all()):
             bad = (~torch.isfinite(chunk).all(1)).nonzero()[0].item() + lo
-            problems.append(f"non-finite values in tokens, first at row {bad}")
+            problems.append(f"non-finite values in {name}, first at row {bad}")
             break
     return problems, total

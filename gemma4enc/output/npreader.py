@@ -130,13 +130,20 @@ class NumpyEmbeddings(Rows):
         row = self.ok_row(path)
         return row, Shard(self.out / row["shard"])
 
-    def __getitem__(self, path) -> np.ndarray:
+    def _tokens_shard(self, path) -> tuple[dict, Shard]:
         row, shard = self._shard(path)
+        if "tokens" not in shard:
+            raise KeyError(f"{path}: {self.out} was encoded with --store pooled: it keeps the pooled vectors, "
+                           "not the tokens")
+        return row, shard
+
+    def __getitem__(self, path) -> np.ndarray:
+        row, shard = self._tokens_shard(path)
         lo, hi = shard.rows("item_offsets", row["index"], row["index"] + 2).tolist()
         return shard.rows("tokens", lo, hi)
 
     def frames(self, path) -> list[np.ndarray]:
-        row, shard = self._shard(path)
+        row, shard = self._tokens_shard(path)
         a, b = shard.rows("item_frames", row["index"], row["index"] + 2).tolist()
         offsets = shard.rows("frame_offsets", a, b + 1).tolist()
         return [shard.rows("tokens", lo, hi) for lo, hi in zip(offsets, offsets[1:])]

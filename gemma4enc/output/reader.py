@@ -25,6 +25,8 @@ class Embeddings(Rows):
     def __getitem__(self, path) -> torch.Tensor:
         row = self.ok_row(path)
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
+            if "tokens" not in f.keys():
+                raise KeyError(no_tokens(path, self.out))
             lo, hi = f.get_slice("item_offsets")[row["index"]: row["index"] + 2].tolist()
             return f.get_slice("tokens")[lo:hi]
 
@@ -55,3 +57,8 @@ class Embeddings(Rows):
         from .retrieval import pooled_matrix
 
         return pooled_matrix(self, per_frame)
+
+
+def no_tokens(path, out) -> str:
+    return (f"{path}: {out} was encoded with --store pooled: it keeps the pooled vectors (pooled, "
+            "pooled_matrix), not the tokens")

@@ -30,6 +30,9 @@ def _windows(indices: list[int], window: int):
 
 def _token_means(f, index: int, per_frame: bool) -> torch.Tensor:
     """Float32 means of one file's tokens, each frame's or all, reading only its slice."""
+    if "frame_pooled" in f.keys():  # --store pooled: the frames' means are stored (and so is the file's)
+        a, b = f.get_slice("item_frames")[index: index + 2].tolist()
+        return f.get_slice("frame_pooled")[a:b].float()
     lo, hi = f.get_slice("item_offsets")[index: index + 2].tolist()
     tokens = f.get_slice("tokens")[lo:hi].float()
     if not per_frame:
@@ -65,7 +68,8 @@ def pooled_matrix(emb, per_frame: bool = False, window: int = WINDOW):
     for shard, members in by_shard.items():
         with safe_open(str(emb.out / shard), framework="pt") as f:
             if matrix is None:
-                matrix = np.empty((len(keys), f.get_slice("tokens").get_shape()[1]), np.float32)
+                matrix = np.empty((len(keys), f.get_slice("pooled" if "pooled" in f.keys() else "tokens").get_shape()[1]),
+                                  np.float32)
             for pos, vectors in _shard_rows(f, members, window):
                 matrix[pos: pos + len(vectors)] = vectors.numpy()
     return keys, matrix if matrix is not None else np.empty((0, 0), np.float32)

@@ -14,11 +14,12 @@ from .ledger import Ledger
 from .repair import repair
 
 SETTINGS = "settings.json"  # OUT's record of the settings that shape the output
+SEARCH_INDEX = ("search-index.faiss", "search-index.json")  # search's cache (search.py names them too)
 
 
 def ours(out: Path) -> list[Path]:
     """Everything gemma4enc writes in OUT (and only that: --overwrite removes these)."""
-    return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS)
+    return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS, *SEARCH_INDEX)
             or TEMP_RE.match(p.name)]
 
 

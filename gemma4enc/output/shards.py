@@ -7,6 +7,8 @@ OUT/shard-NNNNNN.safetensors (shard-<task>-NNN with --engine ray) holds many fil
   frame_offsets [F+1]   int64       token offsets of every frame (an image is one frame)
   item_frames   [N+1]   int64       file i's frames are frame_offsets rows item_frames[i]..item_frames[i+1]
   pooled        [N, D]  out dtype   mean of each file's tokens (float32 mean, then cast)
+With --store pooled (header "store": "pooled") `tokens` is absent and
+  frame_pooled  [F, D]  out dtype   mean of each frame's tokens; the offsets still count the tokens
 OUT/manifest.jsonl has one row per input file; a row naming a shard is written only after
 that shard is on disk (temp name, fsync, rename, fsync of the folder).
 """
@@ -48,7 +50,7 @@ def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
         "video_soft_tokens": str(options.video_tokens),
         "sampling": json.dumps(asdict(options.sampling)),
         "hidden_size": str(tower.out_dim),
-    }
+    } | ({"store": "pooled"} if options.store == "pooled" else {})
 
 
 @dataclass
@@ -57,6 +59,9 @@ class Pending:
 
     row: dict
     frames: list[torch.Tensor] = field(default_factory=list)  # (tokens_f, T) per frame, on the CPU
+    # --store pooled: (1, D) float32 frame means in `frames`, the tokens per frame here, the file's mean
+    sizes: list[int] | None = None
+    mean: torch.Tensor | None = None
 
 
 class ShardWriter:
@@ -71,6 +76,7 @@ class ShardWriter:
         self.out, self.dtype = Path(out), OUT_DTYPES[out_dtype]
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
         self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds
+        self.pooled_only = metadata.get("store") == "pooled"
         self.out.mkdir(parents=True, exist_ok=True)
         self.on_rows = on_rows or (lambda rows: append_rows(self.out, rows))
         if name is None:
@@ -88,8 +94,13 @@ class ShardWriter:
     def add(self, row: dict, frames: list[torch.Tensor] | None = None) -> None:
         """A finished file: ok with its per-frame tokens, or failed (row only)."""
         item = Pending(row, [f.to("cpu", self.dtype) for f in frames or []])
+        if self.pooled_only and item.frames:  # the means as a tokens shard has them; the tokens go at once
+            item.mean = torch.cat(item.frames).float().mean(0)
+            item.sizes = [f.shape[0] for f in item.frames]
+            item.frames = [f.float().mean(0, keepdim=True) for f in item.frames]
         self.pending.append(item)
-        self.bytes += sum(f.numel() * f.element_size() for f in item.frames)
+        self.bytes += sum(f.shape[-1] * self.dtype.itemsize for f in item.frames) if self.pooled_only else \
+            sum(f.numel() * f.element_size() for f in item.frames)
         # by size, or by time: a kill must not cost more than a minute or so of finished files
         if self.bytes >= self.shard_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush(wait=False)
@@ -152,6 +163,8 @@ class ShardWriter:
             raise output_error(f"{name} or {MANIFEST}" if ok else MANIFEST, self.out, e) from None
 
     def _stack(self, ok: list[Pending]) -> dict[str, torch.Tensor]:
+        if self.pooled_only:
+            return self._stack_pooled(ok)
         frames = [f for p in ok for f in p.frames]
         frame_sizes = torch.tensor([0] + [f.shape[0] for f in frames])
         item_sizes = torch.tensor([0] + [sum(f.shape[0] for f in p.frames) for p in ok])
@@ -167,6 +180,17 @@ class ShardWriter:
             tensors["pooled"] = torch.stack(means).to(self.dtype)  # (N, D)
         return tensors
 
+    def _stack_pooled(self, ok: list[Pending]) -> dict[str, torch.Tensor]:
+        """--store pooled: the offsets as a tokens shard has them, the means, no tokens."""
+        frame_sizes = torch.tensor([0] + [s for p in ok for s in p.sizes])
+        return {
+            "item_offsets": torch.tensor([0] + [sum(p.sizes) for p in ok]).cumsum(0),
+            "frame_offsets": frame_sizes.cumsum(0),
+            "item_frames": torch.tensor([0] + [len(p.sizes) for p in ok]).cumsum(0),
+            "pooled": torch.stack([p.mean for p in ok]).to(self.dtype),
+            "frame_pooled": torch.cat([f for p in ok for f in p.frames]).to(self.dtype),
+        }
+
 
 def next_shard_number(out: Path) -> int:
     """Local shards are numbered on from the folder's highest."""
@@ -181,14 +205,15 @@ def rewrite_shard(src: Path, keep: list[int], dst: Path) -> None:
         t = {k: f.get_tensor(k) for k in f.keys()}
     items, frames, item_frames = t["item_offsets"], t["frame_offsets"], t["item_frames"]
     tokens, frame_sizes, item_sizes, frame_counts = [], [0], [0], [0]
+    kept = "tokens" if "tokens" in t else "frame_pooled"  # --store pooled: a row per frame, not per token
     for i in keep:
-        tokens.append(t["tokens"][items[i]: items[i + 1]])
         a, b = item_frames[i].item(), item_frames[i + 1].item()
+        tokens.append(t["tokens"][items[i]: items[i + 1]] if kept == "tokens" else t["frame_pooled"][a:b])
         frame_sizes += (frames[a + 1: b + 1] - frames[a:b]).tolist()
         item_sizes.append((items[i + 1] - items[i]).item())
         frame_counts.append(b - a)
     tensors = {
-        "tokens": torch.cat(tokens),
+        kept: torch.cat(tokens),
         "item_offsets": torch.tensor(item_sizes).cumsum(0),
         "frame_offsets": torch.tensor(frame_sizes).cumsum(0),
         "item_frames": torch.tensor(frame_counts).cumsum(0),

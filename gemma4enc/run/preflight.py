@@ -17,7 +17,7 @@ from ..options import DEFAULT_FRAMES, Options
 from ..output.settings import SETTINGS
 
 # settings.json key → the encode parameter it stands for (sampling: frames, fps and max_frames, each on its own)
-FLAGS = ("model", "revision", "dtype", "image_tokens", "video_tokens", "resize", "seek", "out_dtype", "pooled")
+FLAGS = ("model", "revision", "dtype", "image_tokens", "video_tokens", "resize", "seek", "out_dtype", "pooled", "store")
 
 
 def preflight(options: Options, light: bool = False) -> tuple[Options, dict]:

@@ -1,0 +1,272 @@
+"""export: each format read back by its own consumer library equals what gemma4enc.open returns,
+row for row, within the chosen dtype's rounding; failed and superseded rows never leak in."""
+
+from __future__ import annotations
+
+import glob
+import json
+
+import numpy as np
+import pytest
+
+import gemma4enc
+from gemma4enc.output import export as export_module
+from gemma4enc.commands.cli import app
+from gemma4enc.errors import UsageError
+from gemma4enc.output.npreader import Shard
+
+from .helpers import RUN, folder_with_history
+
+
+@pytest.fixture(scope="module")
+def folder(ckpt, tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    media, out = folder_with_history(root, ckpt)
+    return root, media, out
+
+
+def export(out, dest, *extra, code=0):
+    result = RUN.invoke(app, ["export", str(out), str(dest), *map(str, extra)])
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def reference(out):
+    """path → (pooled float32, tokens float32, row) from the reader, for every file it gives."""
+    emb = gemma4enc.open(out)
+    return {p: (emb.pooled(p).float().numpy(), emb[p].float().numpy(), emb.row(p)) for p in emb}
+
+
+def test_the_folder_has_history(folder):
+    _, media, out = folder
+    emb = gemma4enc.open(out)
+    assert len(list(out.glob("shard-*.safetensors"))) == 7  # 5 + 1 of the first run, 1 of the second
+    assert str(media / "p3.png") not in emb and emb.row(str(media / "p3.png"))["status"] != "ok"
+    assert str(media / "broken.png") not in emb and len(emb) == 5
+    assert gemma4enc.open(out).ledger.superseded == 2
+
+
+def test_clip_layout_through_embedding_reader(folder):
+    from embedding_reader import EmbeddingReader
+
+    root, media, out = folder
+    dest = root / "clip"
+    report = json.loads(export(out, dest, "--to", "clip", "--rows-per-file", 2, "--json").stdout)
+    assert report["rows"] == 5 and report["dtype"] == "float16" and report["normalized"]
+    assert sorted(report["files"]) == sorted([f"img_emb/img_emb_{n}.npy" for n in range(3)]
+                                             + [f"metadata/metadata_{n}.parquet" for n in range(3)])
+    ref = reference(out)
+    columns = ["path", "rel", "kind", "frames", "tokens", "width", "height", "sha256"]
+    reader = EmbeddingReader(str(dest / "img_emb"), file_format="parquet_npy", metadata_folder=str(dest / "metadata"),
+                             meta_columns=columns)
+    assert reader.count == 5 and reader.dimension == 48
+    seen = []
+    for vectors, meta in reader(batch_size=2, show_progress=False):
+        for vector, (_, m) in zip(vectors, meta.iterrows()):
+            pooled, tokens, row = ref[m["path"]]
+            want = pooled / np.linalg.norm(pooled)
+            assert np.array_equal(vector, want.astype(np.float16).astype(np.float32)), m["path"]
+            assert (m["kind"], m["tokens"], m["frames"], m["width"], m["height"], m["sha256"], m["rel"]) == (
+                row["kind"], len(tokens), row["frames"], row["width"], row["height"], row["sha256"], row["rel"])
+            seen.append(m["path"])
+    assert sorted(seen) == sorted(ref)  # each latest ok row once: not broken.png, not p3's old row
+    for n in range(3):  # the files themselves: float16, row-aligned, the run's settings in the Parquet metadata
+        import pyarrow.parquet as pq
+
+        array = np.load(dest / f"img_emb/img_emb_{n}.npy")
+        meta = pq.read_table(dest / f"metadata/metadata_{n}.parquet")
+        assert array.dtype == np.float16 and len(array) == meta.num_rows
+        info = json.loads(meta.schema.metadata[b"gemma4enc"])
+        assert info["settings"]["out_dtype"] == "bfloat16" and info["dtype"] == "float16" and info["normalized"]
+    import faiss  # what autofaiss builds on: the exported vectors as they are, each its own nearest (or its copy's)
+
+    vectors = np.concatenate([np.load(dest / f"img_emb/img_emb_{n}.npy") for n in range(3)]).astype(np.float32)
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    scores, ids = index.search(vectors, 1)
+    assert np.allclose(scores[:, 0], 1, atol=2e-3) and all(np.array_equal(vectors[i], vectors[j])
+                                                           for i, j in enumerate(ids[:, 0]))
+    changed = ref[str(media / "p1.png")][2]
+    assert changed["width"] == 330  # the new row's, not the superseded one's
+
+
+def test_clip_per_frame_in_float32_is_exact(folder):
+    import pyarrow.parquet as pq
+
+    root, media, out = folder
+    dest = root / "frames"
+    export(out, dest, "--per-frame", "--dtype", "float32", "--no-normalize")
+    vectors = np.concatenate([np.load(p) for p in sorted(glob.glob(str(dest / "img_emb/*.npy")))])
+    meta = pq.read_table(sorted(glob.glob(str(dest / "metadata/*.parquet")))).to_pylist()
+    emb = gemma4enc.open(out)
+    clip = str(media / "clip.mp4")
+    assert [m["frame"] for m in meta if m["path"] == clip] == [0, 1, 2] and len(meta) == 4 + 3
+    assert vectors.dtype == np.float32
+    for vector, m in zip(vectors, meta):
+        if m["path"] == clip:
+            frame = emb.frames(clip)[m["frame"]]
+            assert np.allclose(vector, frame.float().mean(0).numpy(), rtol=1e-6, atol=1e-7)
+            row = emb.row(clip)
+            assert (m["frame_index"], m["timestamp"], m["tokens"]) == (
+                row["frame_indices"][m["frame"]], row["timestamps"][m["frame"]], len(frame))
+        else:  # an image is frame 0, its stored vector: bfloat16 widened to float32 exactly
+            assert np.array_equal(vector, emb.pooled(m["path"]).float().numpy()) and m["frame"] == 0
+            assert m["frame_index"] is None
+
+
+def test_parquet_through_datasets_pyarrow_and_duckdb(folder):
+    import datasets
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, _, out = folder
+    dest = root / "parquet"
+    export(out, dest, "--to", "parquet", "--rows-per-file", 3)
+    files = sorted(glob.glob(str(dest / "data/*.parquet")))
+    assert len(files) == 2
+    ref = reference(out)
+    ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(root / "hf-cache"))
+    assert ds.features["soft_tokens"] == datasets.Array2D(shape=(None, 48), dtype="float16")
+    assert ds.features["pooled"] == datasets.List(datasets.Value("float16"), length=48)
+    assert sorted(ds["path"]) == sorted(ref)
+    for folder in (dest, dest / "data"):  # the folder as it is, or as parquet data: export.json is no data file
+        whole = datasets.load_dataset(str(folder), split="train", cache_dir=str(root / "hf-cache"))
+        assert sorted(whole["path"]) == sorted(ref) and whole.features == ds.features
+    as_parquet = datasets.load_dataset("parquet", data_dir=str(dest), split="train", cache_dir=str(root / "hf-cache"))
+    assert as_parquet.num_rows == 5
+    for item in ds.with_format("numpy"):
+        pooled, tokens, row = ref[item["path"]]
+        assert np.array_equal(item["soft_tokens"], tokens.astype(np.float16)), item["path"]
+        assert np.array_equal(item["pooled"], pooled.astype(np.float16))
+        assert item["tokens"] == row["tokens"] and item["sha256"] == row["sha256"]
+    table = pq.read_table(files)
+    kind = table.schema.field("soft_tokens").type  # datasets, once imported, names the Array2D extension type
+    storage = getattr(kind, "storage_type", kind)
+    assert pa.types.is_list(storage) and pa.types.is_list(storage.value_type)
+    assert storage.value_type.value_type == pa.float16()
+    tokens = table.column("soft_tokens").combine_chunks()
+    tokens = getattr(tokens, "storage", tokens)
+    for path, n in zip(table.column("path").to_pylist(), range(table.num_rows)):
+        want = ref[path][1].astype(np.float16)
+        assert np.array_equal(np.array(tokens[n].values.flatten().to_numpy()).reshape(want.shape), want)
+    assert json.loads(pq.read_schema(files[0]).metadata[b"gemma4enc"])["dtype"] == "float16"
+    pattern = str(dest / "data/*.parquet")
+    rows = duckdb.sql(f"select path, len(soft_tokens), len(pooled), soft_tokens[1][1] from '{pattern}'").fetchall()
+    assert sorted(r[0] for r in rows) == sorted(ref)
+    for path, n, d, first in rows:
+        assert (n, d) == (len(ref[path][1]), 48)
+        assert first == float(ref[path][1][0, 0].astype(np.float16))
+
+
+def test_webdataset_tars_iterate_decoded(folder):
+    import webdataset as wds
+
+    root, _, out = folder
+    dest = root / "wds"
+    export(out, dest, "--to", "webdataset", "--rows-per-file", 2, "--dtype", "float32")
+    tars = sorted(glob.glob(str(dest / "*.tar")))
+    assert len(tars) == 3
+    ref = reference(out)
+    seen = []
+    for sample in wds.WebDataset(tars, shardshuffle=False, empty_check=False).decode():
+        pooled, tokens, row = ref[sample["json"]["path"]]
+        assert "." not in sample["__key__"] and sample["json"]["key"] == sample["__key__"]
+        assert sample["npy"].dtype == np.float32 and np.array_equal(sample["npy"], tokens)  # bfloat16 → float32: exact
+        assert np.array_equal(sample["pooled.npy"], pooled)
+        seen.append(sample["json"]["path"])
+    assert sorted(seen) == sorted(ref)
+
+
+def test_clip_reads_no_tokens(folder, monkeypatch, tmp_path):
+    _, _, out = folder
+    reads = []
+    real = Shard.rows
+    monkeypatch.setattr(Shard, "rows", lambda self, name, lo, hi: reads.append(name) or real(self, name, lo, hi))
+    export_module.export(out, "clip", tmp_path / "x")
+    assert "tokens" not in reads and reads.count("pooled") == 5  # one window per shard still in use
+
+
+def test_refusals_and_overwrite(folder, tmp_path):
+    _, _, out = folder
+    dest = tmp_path / "x"
+    export(out, dest, "--dtype", "bfloat16", code=2)
+    export(out, dest, "--to", "lance", code=2)
+    export(tmp_path / "nothing", dest, code=2)
+    export(out, dest)
+    result = export(out, dest, code=2)
+    assert "not empty" in result.output
+    (dest / "notes.txt").write_text("mine")
+    export(out, dest, "--to", "webdataset", "--overwrite")
+    left = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert left == ["000000.tar", "export.json", "notes.txt"]  # the clip files went, the user's file stayed
+
+
+def test_float16_overflow_is_refused():
+    with pytest.raises(UsageError, match="--dtype float32"):
+        export_module._cast(np.array([1e5], np.float32), "float16")
+    assert export_module._cast(np.array([1e5], np.float32), "float32")[0] == 1e5
+
+
+def test_store_pooled_keeps_the_vectors_without_the_tokens(folder, ckpt):
+    """encode --store pooled: the same pooled vectors bit for bit, per-frame means, no tokens; the reader
+    says so, verify, compact --prune, export --to clip and search work on it."""
+    import shutil
+
+    import torch
+
+    from gemma4enc.run.search import search
+
+    from .helpers import encode, flags, verify
+
+    root, media, out = folder
+    copy = root / "media-pooled"
+    shutil.copytree(media, copy)
+    small = root / "pooled"
+    args = [copy, "-o", small, "--model", ckpt, *flags(out_dtype="bfloat16", frames=3, json=False),
+            "--workers", "0", "--max-soft-tokens", "70", "--hash", "--store", "pooled"]
+    refused = encode([*args, "--no-pooled"])
+    assert refused.exit_code == 2 and "--no-pooled" in refused.output and not small.exists()
+    assert encode(args).exit_code == 1  # the broken files
+    assert json.loads((small / "settings.json").read_text())["store"] == "pooled"
+    big, little = gemma4enc.open(out), gemma4enc.open(small)
+    assert sorted(p.replace(str(copy), str(media)) for p in little) == sorted(big)
+    size = lambda folder: sum(p.stat().st_size for p in folder.glob("shard-*.safetensors"))  # noqa: E731
+    assert size(small) * 20 < size(out)
+    for path in little:
+        assert torch.equal(little.pooled(path), big.pooled(path.replace(str(copy), str(media)))), path
+    clip = str(copy / "clip.mp4")
+    for reader in (little, gemma4enc.open(small, framework="numpy")):
+        with pytest.raises(KeyError, match="--store pooled"):
+            reader[clip]
+        with pytest.raises(KeyError, match="--store pooled"):
+            reader.frames(clip)
+    keys, frames = little.pooled_matrix(per_frame=True)
+    want = {(p.replace(str(media), str(copy)), f): v for (p, f), v in zip(*big.pooled_matrix(per_frame=True))}
+    for key, vector in zip(keys, frames):  # stored in bfloat16, computed from bfloat16 tokens in float32
+        assert np.allclose(vector, want[key], rtol=1e-2, atol=1e-2), key
+    assert verify(small)["ok"]
+
+    dest = root / "pooled-clip"
+    export(small, dest, "--per-frame", "--dtype", "float32", "--no-normalize")
+    import pyarrow.parquet as pq
+
+    vectors = np.concatenate([np.load(p) for p in sorted(glob.glob(str(dest / "img_emb/*.npy")))])
+    meta = pq.read_table(sorted(glob.glob(str(dest / "metadata/*.parquet")))).to_pylist()
+    stored = {key: vector for key, vector in zip(keys, frames)}
+    assert len(meta) == len(keys)
+    for vector, m in zip(vectors, meta):  # the stored frame means, as the reader gives them
+        assert np.array_equal(vector, stored[(m["path"], m["frame"])]), m
+    assert "--store pooled" in export(small, root / "pooled-parquet", "--to", "parquet", code=2).output
+    hits = search(small, [str(copy / "p2.png")], k=1)["results"][0]["hits"]
+    assert hits[0]["path"] == str(copy / "p2.png")
+
+    before = {p: little.pooled(p) for p in little}
+    (copy / "p2.png").unlink()
+    result = RUN.invoke(app, ["compact", str(small), "--prune", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["pruned"] == 1, result.output
+    assert verify(small)["ok"]
+    after = gemma4enc.open(small)
+    assert len(after) == len(before) - 1 and all(torch.equal(after.pooled(p), before[p]) for p in after)
+    assert len(after.pooled_matrix(per_frame=True)[0]) == len(keys) - 1
