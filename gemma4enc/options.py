@@ -31,6 +31,11 @@ SIZE_UNITS = {"": 1, "B": 1, **{p + s: 10 ** (3 * k) for k, p in enumerate("KMGT
 SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 
 
+# the settings that shape the output and that a re-run may omit: Options.resume reads them back from
+# OUT/settings.json (and the sampling's frames, fps and max_frames, each on its own)
+RECORDED = ("model", "revision", "dtype", "image_tokens", "video_tokens", "resize", "seek", "out_dtype", "pooled", "store")
+
+
 def fingerprint(**kw):
     """A field that changes what is written: recorded in settings.json and checked on a re-run."""
     return field(metadata={"fingerprint": True}, **kw)
@@ -203,6 +208,50 @@ class Options:
         the run's options after `model.resolve_dtype`, so that dtype names what the tower ran in."""
         values = asdict(self)
         return {f.name: values[f.name] for f in fields(self) if f.metadata.get("fingerprint")}
+
+    @classmethod
+    def resume(cls, saved: dict | None, flags: dict, given=frozenset(), where: str = "settings.json"
+               ) -> tuple[Options, list[str]]:
+        """A run's options, and the notes to show: the settings given, and for each output-shaping one
+        not given (RECORDED, and the sampling), what OUT's settings.json (`saved`) recorded, so that a
+        re-run may omit them. `flags`: settings by field name, `frames`/`fps`/`max_frames` in place of
+        `sampling`; what is missing takes its default. `given`: the names the user gave."""
+        default = cls()
+        kw = {f.name: getattr(default, f.name) for f in fields(cls) if f.name != "sampling"}
+        kw |= {"frames": default.sampling.frames, "fps": default.sampling.fps, "max_frames": default.sampling.max_frames}
+        kw |= flags
+        recorded = _recorded(saved or {}, set(given))
+        notes = []
+        differ = ", ".join(f"{k} {v}" for k, v in recorded.items() if kw.get(k) != v)
+        if differ:
+            notes.append(f"as {where} records: {differ}")
+        kw |= recorded
+        notes += [f"warning: {note}" for note in _no_effect(kw, set(given))]
+        frames, fps, max_frames = kw.pop("frames"), kw.pop("fps"), kw.pop("max_frames")
+        # only the setting that has an effect is recorded: --frames without --fps, --max-frames with it
+        sampling = Sampling(frames=None if fps else frames, fps=fps, max_frames=max_frames if fps else DEFAULT_FRAMES)
+        return cls(**kw, sampling=sampling), notes
+
+
+def _recorded(saved: dict, given: set) -> dict:
+    """The output-shaping settings a run did not give, as settings.json recorded them."""
+    kw = {key: saved[key] for key in RECORDED if key in saved and key not in given}
+    sampling = saved.get("sampling") or {}
+    if not sampling:
+        return kw
+    values = {"frames": sampling.get("frames") or DEFAULT_FRAMES, "fps": sampling.get("fps"),
+              "max_frames": sampling.get("max_frames", DEFAULT_FRAMES)}
+    return kw | {k: v for k, v in values.items() if k not in given}
+
+
+def _no_effect(kw: dict, given: set) -> list[str]:
+    """Flags that were given but change nothing (neither refused nor recorded)."""
+    notes = []
+    if "max_frames" in given and kw.get("fps") is None:
+        notes.append("--max-frames has no effect without --fps (it caps --fps sampling); ignored")
+    if "frames" in given and kw.get("fps") is not None:
+        notes.append("--frames has no effect with --fps (--max-frames caps the frames); ignored")
+    return notes
 
 
 def _one_of(flag: str, value, choices: tuple) -> None:

@@ -20,7 +20,7 @@ from gemma4enc.commands.cli import app
 from gemma4enc.output.files import MANIFEST, line_of
 from gemma4enc.output.ledger import Ledger
 
-from .helpers import BASE, encode, photo, shard_tokens
+from .helpers import BASE, encode, flags, photo, shard_tokens
 
 RUN = CliRunner()
 
@@ -196,6 +196,19 @@ def test_plan_reads_headers_of_new_files_only(done, monkeypatch):
     report = json.loads(result.stdout)
     assert result.exit_code == 0, result.output
     assert report["done_before"] == 6 and report["files"] == 1 and report["tower_items"] == 1
+
+
+def test_plan_out_plans_with_the_settings_out_records(ckpt, tmp_path):
+    media, out = photos(tmp_path / "media", 2), tmp_path / "out"
+    assert encode([media, "-o", out, "--model", ckpt, *flags(max_soft_tokens=70, out_dtype="float16")]).exit_code == 0
+    photo(300, 200, seed=9).save(media / "new.jpg", quality=90)
+    result = RUN.invoke(app, ["plan", str(media), "--out", str(out), "--json"])  # no token or dtype flag
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0, result.output
+    assert report["files"] == 1 and report["tokens"] <= 70  # OUT's budget, not the default 280
+    assert "as " in result.stderr and "image_tokens 70" in result.stderr
+    plain = json.loads(RUN.invoke(app, ["plan", str(media / "new.jpg"), "--json"]).stdout)
+    assert plain["tokens"] > 70
 
 
 PROBE = '''

@@ -139,3 +139,26 @@ def test_importing_and_decoding_leave_the_hosts_settings_alone(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0o27", "1234567", "True"]
+
+
+def test_resume_takes_what_settings_json_records_for_the_settings_not_given():
+    saved = {"model": "/ckpt", "dtype": "float32", "image_tokens": 70, "out_dtype": "float16", "store": "tokens",
+             "sampling": {"frames": 8, "fps": None, "max_frames": 32}, "revision": None}
+    options, notes = Options.resume(saved, {"image_tokens": 280, "workers": 3, "frames": 16}, {"workers", "frames"},
+                                    where="OUT/settings.json")
+    assert (options.model, options.dtype, options.image_tokens, options.out_dtype) == ("/ckpt", "float32", 70, "float16")
+    assert options.sampling == Sampling(frames=16) and options.workers == 3  # given: kept
+    assert notes == ["as OUT/settings.json records: model /ckpt, dtype float32, image_tokens 70, out_dtype float16"]
+
+
+def test_resume_without_settings_is_the_flags_and_warns_of_flags_without_effect():
+    options, notes = Options.resume(None, {"fps": 2.0, "frames": 8}, {"fps", "frames"})
+    assert options == Options(sampling=Sampling(frames=None, fps=2.0, max_frames=32))
+    assert notes == ["warning: --frames has no effect with --fps (--max-frames caps the frames); ignored"]
+    options, notes = Options.resume({"sampling": {"frames": None, "fps": 1.0, "max_frames": 4}}, {}, set())
+    assert options.sampling == Sampling(frames=None, fps=1.0, max_frames=4)
+
+
+def test_resume_checks_what_it_builds():
+    with pytest.raises(UsageError, match="--max-soft-tokens"):
+        Options.resume({"image_tokens": 71}, {}, set())

@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperCommand
 
 from ..errors import OutputError, TooManyFailures, UsageError
-from ..options import Options, Sampling, format_size, parse_size
+from ..options import Options, format_size, parse_size
 
 DEFAULT = Options()  # every default below is read from here: one place for each
 
@@ -151,12 +151,6 @@ def _json_error(wanted: bool, message: str, code: int) -> None:
 command = partial(app.command, cls=Command)
 
 
-def _sampling(frames: int, fps: float | None, max_frames: int) -> Sampling:
-    """--frames, or --fps capped by --max-frames."""
-    # only the setting that has an effect is recorded: --frames without --fps, --max-frames with it
-    return Sampling(frames=None if fps else frames, fps=fps, max_frames=max_frames if fps else DEFAULT.sampling.max_frames)
-
-
 class Bar:
     """Progress on stderr: a rich bar on a terminal, elsewhere a timestamped line every few seconds
     with elapsed time and ETA (those lines also go to --log-file)."""
@@ -258,56 +252,32 @@ def encode(
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     import time
 
-    from ..media.discover import discover
-    from ..output.ledger import Ledger
-    from ..output.todo import Unchanged
-    from ..run.preflight import no_effect, remembered
     from .log import Sink, summary_line
 
     start = time.perf_counter()
-    given = _given(ctx)
     try:
         say = Sink(quiet, log_file)
     except OSError as e:
         raise UsageError(f"--log-file {log_file}: {e.strerror or e}") from None
     if ctx is not None and "log_handler" in ctx.meta:
         ctx.meta["log_handler"].sink = say
-    recorded = dict(model=model, revision=revision, dtype=dtype, image_tokens=image_tokens, video_tokens=video_tokens, frames=frames,
-                    fps=fps, max_frames=max_frames, out_dtype=out_dtype, pooled=pooled, resize=resize, seek=seek,
-                    store=store)
-    saved = {} if overwrite else remembered(out, given)  # a re-run may omit the flags
-    differ = ", ".join(f"{k} {v}" for k, v in saved.items() if recorded[k] != v)
-    if differ:
-        say(f"gemma4enc: as {out / 'settings.json'} records: {differ}")
-    recorded |= saved
-    for note in no_effect(recorded, given):
-        say(f"gemma4enc: warning: {note}")
+    flags = dict(model=model, revision=revision, dtype=dtype, device=device, devices=devices, image_tokens=image_tokens,
+                 video_tokens=video_tokens, resize=resize, frames=frames, fps=fps, max_frames=max_frames,
+                 video_backend=video_backend, seek=seek, batching=batching, memory_fraction=memory_fraction,
+                 max_batch_patches=max_batch_patches, compile=use_compile, shard_bytes=parse_size(shard_size),
+                 out_dtype=out_dtype, max_image_pixels=max_image_pixels or None, pooled=pooled, store=store,
+                 workers=workers, decode_timeout=decode_timeout or None, flush_seconds=flush_seconds,
+                 hash=content_hash, retry_failed=retry_failed, max_failures=max_failures, engine=engine,
+                 ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
     try:
-        r = recorded
-        options = Options(
-            model=r["model"], revision=r["revision"], dtype=r["dtype"], device=device, devices=devices, image_tokens=r["image_tokens"],
-            video_tokens=r["video_tokens"], resize=r["resize"], seek=r["seek"], sampling=_sampling(r["frames"], r["fps"], r["max_frames"]),
-            video_backend=video_backend, batching=batching, memory_fraction=memory_fraction,
-            max_batch_patches=max_batch_patches, compile=use_compile, shard_bytes=parse_size(shard_size),
-            out_dtype=r["out_dtype"], max_image_pixels=max_image_pixels or None, pooled=r["pooled"], store=r["store"], workers=workers,
-            decode_timeout=decode_timeout or None, flush_seconds=flush_seconds, hash=content_hash,
-            retry_failed=retry_failed, max_failures=max_failures, engine=engine, ray_address=ray_address,
-            ray_actors=ray_actors, task_files=task_files,
-        )
-        if not roots and not files_from:
-            raise UsageError("nothing to encode: give folders or files, or --files-from")
-        ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
-        unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null, str(out),
-                                  known=unchanged.known)
         from ..run.encode import (
-            encode_files,  # torch and the rest: only once the flags are known to be good
+            encode as run_encode,  # torch only later, once the flags are known good
         )
 
-        report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet, say),
-                              log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite, ledger=ledger,
-                              unchanged=unchanged)
+        report = run_encode(roots, out, flags, _given(ctx), files_from=files_from, null=null, include=include,
+                            exclude=exclude, hidden=hidden, overwrite=overwrite, bar=lambda n: Bar(n, quiet, say),
+                            log=lambda m: say(f"gemma4enc: {m}"))
         shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
         say(f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}", stamp=True)
     except BaseException as e:  # noqa: BLE001 - the one line Command prints goes to --log-file too
@@ -318,18 +288,18 @@ def encode(
     finally:
         signal.signal(signal.SIGTERM, previous)  # the work is saved; a late SIGTERM just ends us
         say.close()
-    report["skipped_not_media"] = skipped
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     raise typer.Exit(1 if report["failed"] else 0)
 
 
-def _given(ctx):
-    """name → whether the user gave that parameter (on the command line or by environment)."""
+def _given(ctx) -> set[str]:
+    """The parameters the user gave (on the command line or by environment), by name."""
     if ctx is None:  # called from demo: the user gave nothing
-        return lambda name: False
+        return set()
     # by name: typer may carry a click of its own, whose ParameterSource is another enum
-    return lambda name: getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
+    return {name for name in ctx.params
+            if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
 
 
 def _interrupt(signum, frame):
@@ -353,18 +323,27 @@ def plan(
     revision: Annotated[Optional[str], typer.Option(help="With --model a hub id: its branch, tag or commit (default: main).")] = None,
     hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
     out_dtype: OutDtype = DEFAULT.out_dtype,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Plan only what encode -o OUT has still to do (files done there are not opened).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Plan only what encode -o OUT has still to do, with the settings OUT records.")] = None,
     json_out: Json = False,
+    ctx: typer.Context = None,
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     import os
 
     from ..media.discover import discover
     from ..output.ledger import Ledger
+    from ..output.settings import SETTINGS, read_settings
     from ..output.todo import Unchanged
 
-    options = Options(image_tokens=image_tokens, video_tokens=video_tokens,
-                      sampling=_sampling(frames, fps, max_frames), out_dtype=out_dtype)
+    saved = read_settings(out) if out else None  # -o OUT: planned with the settings OUT records
+    flags = dict(image_tokens=image_tokens, video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
+                 out_dtype=out_dtype)
+    options, notes = Options.resume(saved, flags, _given(ctx), where=str(out / SETTINGS) if out else SETTINGS)
+    for note in notes:
+        typer.echo(f"gemma4enc: {note}", err=True)
+    recorded_model = model is None and saved and "model" in saved and "hidden_size" not in _given(ctx)
+    if recorded_model:
+        model, revision = saved["model"], saved.get("revision")  # the width OUT's model projects to
     found = []
     for root in roots or []:  # a dry run warns about a missing root and plans the rest
         if os.path.lexists(root):
@@ -379,7 +358,12 @@ def plan(
     if model:
         from ..model.checkpoint import read_config
 
-        hidden_size = read_config(model, revision).text_config.hidden_size  # what embed_vision projects to
+        try:
+            hidden_size = read_config(model, revision).text_config.hidden_size  # what embed_vision projects to
+        except UsageError as e:
+            if not recorded_model:
+                raise
+            typer.echo(f"gemma4enc: warning: {e}; planned with --hidden-size {hidden_size}", err=True)
     from .report import plan_report
 
     report = plan_report(todo, options, hidden_size)
@@ -440,21 +424,22 @@ def verify(out: OutFolder, repair: Annotated[bool, typer.Option("--repair", help
 
 
 def _repair(out: Path, shards: list[str]) -> int:
-    """Supersede the rows into these shards, then encode their files again; returns how many."""
+    """Supersede the rows into these shards, then encode their files again (with the settings OUT
+    records, through the same function as encode); returns how many were asked for."""
     import os
-    import subprocess
 
     from ..output.ledger import Ledger
     from ..output.lock import Lock
     from ..output.repair import LOST, mark_lost
+    from ..run.encode import encode as run_encode
 
     with Lock(out):
         ledger = Ledger.load(out)
         mark_lost(out, set(shards), ledger)
         paths = [p for p, e in ledger.entries() if e.status == LOST]
-    listing = b"".join(os.fsencode(p) + b"\0" for p in paths)
-    subprocess.run([sys.executable, "-m", "gemma4enc", "encode", "--files-from", "-", "-0", "-o", str(out), "-q"],
-                   input=listing, check=False)  # its rows say how each file went; the second verify tells
+    there = [p for p in paths if os.path.lexists(p)]  # a gone input keeps its lost row; verify says so
+    if there:
+        run_encode(there, out)  # its rows say how each file went; the second verify tells
     return len(paths)
 
 
@@ -518,7 +503,8 @@ def search(
     quiet: Quiet = False,
 ):
     """Nearest files by cosine of pooled vectors (a faiss index cached in OUT, or numpy), or near-duplicates."""
-    from ..run.search import duplicates, search as find
+    from ..run.search import duplicates
+    from ..run.search import search as find
 
     if dups == bool(files):
         raise UsageError("give FILES to search for, or --duplicates (not both)")

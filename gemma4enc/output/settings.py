@@ -17,6 +17,14 @@ SETTINGS = "settings.json"  # OUT's record of the settings that shape the output
 SEARCH_INDEX = ("search-index.faiss", "search-index.json")  # search's cache (search.py names them too)
 
 
+def read_settings(out: Path) -> dict | None:
+    """What OUT/settings.json records, or None where there is none (or it cannot be read)."""
+    try:
+        return json.loads((Path(out) / SETTINGS).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def ours(out: Path) -> list[Path]:
     """Everything gemma4enc writes in OUT (and only that: --overwrite removes these)."""
     return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS, *SEARCH_INDEX)

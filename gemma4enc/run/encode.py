@@ -1,4 +1,5 @@
-"""One run: lock and preflight the output folder, what is left to do, the engine, the summary."""
+"""One run: OUT's settings resumed, the walk, then under OUT's lock: preflight, what is left to do,
+the engine, the summary. `encode` is what the command does; `encode_files` the run over files found."""
 
 from __future__ import annotations
 
@@ -13,10 +14,50 @@ from ..output.compact import maybe_compact
 from ..output.files import MANIFEST
 from ..output.ledger import Ledger
 from ..output.lock import Lock, describe
-from ..output.settings import SETTINGS, prepare_out, write_settings
+from ..output.settings import SETTINGS, prepare_out, read_settings, write_settings
 from ..output.todo import Unchanged, still_to_do
 from ..rows import Status
 from .context import Run
+
+
+def encode(roots, out: Path, flags: dict | None = None, given=(), *, files_from=None, null: bool = False,
+           include=(), exclude=(), hidden: bool = False, overwrite: bool = False, bar=None, log=None) -> dict:
+    """`gemma4enc encode`, for the command and for library callers (verify --repair, search) alike.
+
+    `flags`: settings by Options field name (frames/fps/max_frames for the sampling; the rest take
+    their defaults); `given`: the names the user gave. For the output-shaping settings not given,
+    OUT/settings.json is read back (Options.resume), and what it changed is logged. The summary
+    --json prints, with `skipped_not_media`."""
+    from ..media.discover import discover
+
+    out = Path(out)
+    log = log or (lambda message: None)
+    saved = None if overwrite else read_settings(out)  # a re-run may omit the flags
+    options, notes = Options.resume(saved, flags or {}, given, where=str(out / SETTINGS))
+    for note in notes:
+        log(note)
+    if not roots and not files_from:
+        raise UsageError("nothing to encode: give folders or files, or --files-from")
+    ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
+    unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
+    items, skipped = discover(list(roots or []), files_from, list(include or []), list(exclude or []), hidden, null,
+                              str(out), known=unchanged.known)
+    report = encode_files(items, out, options, bar=bar or _Quiet, log=log, overwrite=overwrite, ledger=ledger,
+                          unchanged=unchanged)
+    return report | {"skipped_not_media": skipped}
+
+
+class _Quiet:
+    """A progress bar that shows nothing (a library caller's default)."""
+
+    def __init__(self, total: int):
+        pass
+
+    def advance(self, files: int, patches: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,

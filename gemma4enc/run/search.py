@@ -20,8 +20,7 @@ import numpy as np
 from ..errors import UsageError
 from ..output.files import MANIFEST, atomic_write
 from ..output.npreader import NumpyEmbeddings
-from ..output.settings import SEARCH_INDEX
-from ..output.settings import SETTINGS
+from ..output.settings import SEARCH_INDEX, SETTINGS, read_settings
 from ..output.vectors import hidden_size, placed, records
 
 INDEX, KEYS = SEARCH_INDEX  # OUT's cached faiss index, and beside it the paths of its rows (--overwrite removes them)
@@ -198,19 +197,14 @@ def _unchanged(path: str, row: dict) -> bool:
 
 def encode_files(out: Path, paths: list[str], device: str, bar, log) -> dict:
     """path → pooled vector (float32), or the reason it has none: each encoded as OUT's settings say."""
-    from ..options import Sampling
     from ..media.discover import discover
     from ..options import Options
-    from .preflight import remembered
     from .encode import encode_files as run
 
-    if not (out / SETTINGS).exists():
+    saved = read_settings(out)
+    if saved is None:
         raise UsageError(f"{out}: no {SETTINGS}, so its settings are unknown; cannot encode new files like it")
-    kw = remembered(out, lambda name: False)
-    fps = kw.pop("fps", None)
-    frames, max_frames = kw.pop("frames", 32), kw.pop("max_frames", 32)
-    sampling = Sampling(frames=None if fps else frames, fps=fps, max_frames=max_frames)
-    options = Options(**kw, sampling=sampling, device=device, workers=0)
+    options, _ = Options.resume(saved, {"device": device, "workers": 0})  # OUT's own settings, every one
     items, _ = discover(paths)
     with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp:
         run(items, Path(tmp) / "out", options, bar=bar or _NoBar, log=log)
