@@ -1,8 +1,9 @@
 """The manifest row, typed: its status list and its fields, in the order manifest.jsonl writes them.
 
-A row travels as a JSON-shaped dict (appended to the manifest, handed between Ray actors and
-the driver, returned by the readers); `Row` is the one place that names its fields, builds it
-and reads it back. `to_json` writes the keys in format_version 1's order, so rows are byte for
+A row is a `Row` from the pipeline that makes it, through the shard writer, `mark_lost` and
+adoption, to the manifest, and back out of the readers (`emb.row(path)`); it is a JSON dict only
+on disk and between Ray actors and the driver. `Row` is the one place that names its fields,
+builds it and reads it back; `row["key"]` and `row.get(key)` read it as the manifest's dict. `to_json` writes the keys in format_version 1's order, so rows are byte for
 byte what earlier versions wrote; keys a later version adds survive a read and write in `extra`.
 No torch here.
 """
@@ -10,7 +11,7 @@ No torch here.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 
@@ -78,9 +79,37 @@ class Row:
             row["sha256"] = self.sha256
         return row | self.extra
 
+    def __getitem__(self, key: str):
+        """The manifest's key, as its dict holds it: a field, a video key, or one kept in `extra`."""
+        if key in _FIELDS:
+            return str(self.status) if key == "status" else getattr(self, key)
+        if key in self.video:
+            return self.video[key]
+        return self.extra[key]
+
+    def get(self, key: str, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.to_json()
+
+    def replace(self, **changes) -> Row:
+        """This row with some keys changed; keys Row does not name go to `extra`."""
+        known = {k: v for k, v in changes.items() if k in _FIELDS}
+        video = {**self.video, **{k: v for k, v in changes.items() if k in VIDEO_KEYS}}
+        extra = {**self.extra, **{k: v for k, v in changes.items() if k not in _FIELDS and k not in VIDEO_KEYS}}
+        return replace(self, **known, video=video, extra=extra)
+
     @classmethod
     def from_json(cls, row: dict) -> Row:
-        known = {f.name for f in fields(cls)} - {"video", "extra"}
-        kw = {k: v for k, v in row.items() if k in known}
+        if isinstance(row, Row):
+            return row
+        kw = {k: v for k, v in row.items() if k in _FIELDS}
         return cls(**kw, video={k: row[k] for k in VIDEO_KEYS if k in row},
-                   extra={k: v for k, v in row.items() if k not in known and k not in VIDEO_KEYS})
+                   extra={k: v for k, v in row.items() if k not in _FIELDS and k not in VIDEO_KEYS})
+
+
+_FIELDS = frozenset(f.name for f in fields(Row)) - {"video", "extra"}

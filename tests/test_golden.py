@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 from gemma4enc.options import Options
 from gemma4enc.output.shards import FORMAT_VERSION, ShardWriter, shard_metadata
+from gemma4enc.rows import Row, Status
 
 GOLDEN = Path(__file__).parent / "golden" / "shard-header-v1.json"
 ROOT = Path(__file__).parents[1]
@@ -37,8 +38,8 @@ def write_fixed_shard(out: Path, pooled: bool = True) -> Path:
     writer = ShardWriter(out, "bfloat16", shard_metadata(Options(), tower), pooled=pooled)
     image = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     video = [torch.full((2, 4), 0.5), torch.full((1, 4), -2.0)]
-    writer.add({"path": "/m/a.jpg", "kind": "image", "status": "ok", "tokens": 3, "frames": 1}, [image])
-    writer.add({"path": "/m/b.mp4", "kind": "video", "status": "ok", "tokens": 3, "frames": 2}, video)
+    writer.add(Row("/m/a.jpg", "image", 10, 1, Status.OK, tokens=3, frames=1), [image])
+    writer.add(Row("/m/b.mp4", "video", 10, 1, Status.OK, tokens=3, frames=2), video)
     writer.close()
     return out / "shard-000000.safetensors"
 

@@ -23,6 +23,7 @@ from gemma4enc.output.compact import compact
 from gemma4enc.output.settings import prepare_out, write_settings
 from gemma4enc.output.repair import repair
 from gemma4enc.output.shards import ShardWriter
+from gemma4enc.rows import Row, Status
 
 from .helpers import photo
 
@@ -141,7 +142,7 @@ def test_a_file_counted_done_is_decided_again_when_its_row_changes_before_the_lo
         photo(20, 20 + i, seed=i).save(media / f"{i}.png")
     writer = ShardWriter(out, "float32", {"model": "test"})
     for i, path in enumerate(sorted(media.iterdir())):
-        writer.add(row_for(path, root=str(media), rel=path.name, tokens=3, frames=1), [torch.full((3, 4), float(i))])
+        writer.add(Row.from_json(row_for(path, root=str(media), rel=path.name, tokens=3, frames=1)), [torch.full((3, 4), float(i))])
     writer.close()
     extra = tmp_path / "one.png"  # a named file: its row records no root
     photo(21, 21).save(extra)
@@ -175,9 +176,7 @@ def written(out: Path, n: int) -> list[str]:
     writer = ShardWriter(out, "float32", {"model": "test"})
     paths = [f"/media/{i}.jpg" for i in range(n)]
     for i, path in enumerate(paths):
-        writer.add({"path": path, "kind": "image", "size": 100 + i, "mtime_ns": 7, "status": "ok", "error": None,
-                    "tokens": 3, "frames": 1},
-                   [torch.full((3, 4), float(i))])
+        writer.add(Row(path, "image", 100 + i, 7, Status.OK, tokens=3, frames=1), [torch.full((3, 4), float(i))])
     writer.close()
     return paths
 

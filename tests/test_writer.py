@@ -12,11 +12,12 @@ import torch
 import gemma4enc.output.shards as shards
 from gemma4enc.errors import OutputError
 from gemma4enc.output.reader import Embeddings
+from gemma4enc.rows import Row, Status
 from gemma4enc.output.shards import ShardWriter
 
 
-def row(i: int) -> dict:
-    return {"path": f"/media/{i}.jpg", "kind": "image", "status": "ok", "error": None, "tokens": 3, "frames": 1}
+def row(i: int) -> Row:
+    return Row(f"/media/{i}.jpg", "image", 100, 1, Status.OK, tokens=3, frames=1)
 
 
 def test_writing_runs_beside_the_caller(tmp_path, monkeypatch):

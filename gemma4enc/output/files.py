@@ -64,7 +64,7 @@ def atomic_write(path: Path, write) -> None:
             pass  # the folder went unwritable; the next run's cleanup removes it
 
 
-def append_rows(out: Path, rows: list[dict]) -> None:
+def append_rows(out: Path, rows: list) -> None:
     """Append whole lines and fsync: a kill leaves at most a torn last line, which readers skip."""
     if not rows:
         return
@@ -74,6 +74,9 @@ def append_rows(out: Path, rows: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def line_of(row: dict) -> bytes:
+def line_of(row) -> bytes:
+    """A Row (or a row's dict) as one manifest line."""
+    if hasattr(row, "to_json"):
+        row = row.to_json()
     # a file name that is not UTF-8 holds lone surrogates: written as \udcXX escapes, JSON reads it back
     return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", errors="backslashreplace")

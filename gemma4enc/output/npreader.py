@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..rows import Status
+from ..rows import Row, Status
 from .files import MANIFEST
 from .ledger import Ledger
 
@@ -70,14 +70,14 @@ class Rows:
         self.ledger = Ledger.load(self.out, pin=True)
 
     @property
-    def rows(self) -> Mapping[str, dict]:
+    def rows(self) -> Mapping[str, Row]:
         """path → latest row (any status), read on demand."""
         return _RowsView(self)
 
-    def ok_rows(self) -> Iterator[tuple[str, dict]]:
+    def ok_rows(self) -> Iterator[tuple[str, Row]]:
         """(path, row) of every file that has tokens, in the order of `iter(self)`, one at a time."""
         offsets = (e.offset for _, e in self.ledger.entries() if e.status == Status.OK)
-        return ((r["path"], r) for r in self.ledger.rows_at(offsets, rising=False))
+        return ((r["path"], Row.from_json(r)) for r in self.ledger.rows_at(offsets, rising=False))
 
     def __len__(self) -> int:
         return sum(1 for _, e in self.ledger.entries() if e.status == Status.OK)
@@ -89,14 +89,14 @@ class Rows:
         entry = self.ledger.get(os.path.abspath(path))
         return bool(entry and entry.status == Status.OK)
 
-    def row(self, path) -> dict:
+    def row(self, path) -> Row:
         """The manifest row of `path` (any status); KeyError for a path not in it."""
         key = os.path.abspath(path)
         if key not in self.ledger:
             raise KeyError(f"{path}: not in {self.out / MANIFEST}")
-        return self.ledger.row(key)
+        return Row.from_json(self.ledger.row(key))
 
-    def ok_row(self, path) -> dict:
+    def ok_row(self, path) -> Row:
         """The row of a file that has tokens; KeyError saying why for one that has none."""
         row = self.row(path)
         if row["status"] != Status.OK:
@@ -108,10 +108,10 @@ class _RowsView(Mapping):
     def __init__(self, rows: Rows):
         self._rows = rows
 
-    def __getitem__(self, path) -> dict:
+    def __getitem__(self, path) -> Row:
         if path not in self._rows.ledger:
             raise KeyError(path)
-        return self._rows.ledger.row(path)
+        return Row.from_json(self._rows.ledger.row(path))
 
     def __iter__(self):
         return iter(self._rows.ledger)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..rows import Status
+from ..rows import Row, Status
 from .files import MANIFEST, SHARD_RE, TEMP_RE, append_rows
 from .ledger import Ledger
 
@@ -55,8 +55,9 @@ def mark_lost(out: Path, shards: set[str], ledger: Ledger) -> list[str]:
     if not shards:
         return []
     offsets = [e.offset for _, e in ledger.entries() if e.status == Status.OK and e.shard in shards]
-    rows = [r | {"status": LOST, "error": f"its shard {r['shard']} was missing or unreadable; the next run "
-                 "encodes it again", "shard": None, "index": None, "tokens": 0, "frames": 0}
+    rows = [Row.from_json(r).replace(status=LOST, shard=None, index=None, tokens=0, frames=0,
+                                     error=f"its shard {r['shard']} was missing or unreadable; the next run "
+                                     "encodes it again")
             for r in ledger.rows_at(offsets)]
     append_rows(out, rows)
     ledger.refresh()

@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 
 from .._version import __version__
 from ..errors import OutputError, output_error
+from ..rows import Row
 from .files import MANIFEST, SHARD_RE, append_rows, atomic_write
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
 class Pending:
     """A file's result waiting for its shard to be written."""
 
-    row: dict
+    row: Row
     frames: list[torch.Tensor] = field(default_factory=list)  # (tokens_f, T) per frame, on the CPU
     # --store pooled: (1, D) float32 frame means in `frames`, the tokens per frame here, the file's mean
     sizes: list[int] | None = None
@@ -91,7 +92,7 @@ class ShardWriter:
         self._executor = None
         self._writing = None  # the Future of the write in flight
 
-    def add(self, row: dict, frames: list[torch.Tensor] | None = None) -> None:
+    def add(self, row: Row, frames: list[torch.Tensor] | None = None) -> None:
         """A finished file: ok with its per-frame tokens, or failed (row only)."""
         item = Pending(row, [f.to("cpu", self.dtype) for f in frames or []])
         if self.pooled_only and item.frames:  # the means as a tokens shard has them; the tokens go at once
@@ -157,7 +158,7 @@ class ShardWriter:
                 tensors = self._stack(ok)
                 atomic_write(self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata))
                 for index, p in enumerate(ok):
-                    p.row.update(shard=name, index=index)
+                    p.row = p.row.replace(shard=name, index=index)
             self.on_rows([p.row for p in pending])
         except (OSError, SafetensorError) as e:
             raise output_error(f"{name} or {MANIFEST}" if ok else MANIFEST, self.out, e) from None

@@ -40,17 +40,18 @@ class Summary:
     device_patches: list[int] = field(default_factory=list)  # patches each tower encoded
     where: dict = field(default_factory=dict)  # what the engine ran on (device, dtype, actors …), for the report
 
-    def record(self, rows: list[dict], patches: int) -> None:
+    def record(self, rows: list[Row], patches: int) -> None:
         """Count finished files by their manifest rows, and the patches they took."""
         for r in rows:
+            status = str(r.status)
             self.files += 1
-            self.by_status[r["status"]] = self.by_status.get(r["status"], 0) + 1
-            if r["status"] == Status.OK:
+            self.by_status[status] = self.by_status.get(status, 0) + 1
+            if status == Status.OK:
                 self.ok += 1
-                self.frames += r["frames"]
+                self.frames += r.frames
             else:
                 self.failed += 1
-            self.tokens += r["tokens"] or 0
+            self.tokens += r.tokens or 0
         self.patches += patches
 
     def check(self, max_failures: int | None) -> None:
@@ -66,16 +67,16 @@ class Progress:
         pass
 
 
-def ok_row(d: Decoded, frames: list[torch.Tensor]) -> dict:
+def ok_row(d: Decoded, frames: list[torch.Tensor]) -> Row:
     item = d.item
     return Row(item.path, item.kind, item.size, item.mtime_ns, Status.OK, tokens=sum(f.shape[0] for f in frames),
                frames=len(frames), root=item.root if item.rel else None, rel=item.rel,
                frame_tokens=[f.shape[0] for f in frames], width=d.width, height=d.height, video=d.video,
-               sha256=d.sha256).to_json()
+               sha256=d.sha256)
 
 
-def failed_row(item: Item, status: str, message: str) -> dict:
-    return Row.failed(item, status, message).to_json()
+def failed_row(item: Item, status: str, message: str) -> Row:
+    return Row.failed(item, status, message)
 
 
 class Encoder:

@@ -36,7 +36,7 @@ from ..errors import OutputError, UsageError, output_error
 from ..media.discover import Item
 from ..options import Options
 from ..output.files import MANIFEST, SHARD_RE, append_rows
-from ..rows import Status
+from ..rows import Row, Status
 from .context import Run
 from .pipeline import Progress, Summary, failed_row
 
@@ -86,7 +86,7 @@ class TaskEncoder:
         from .pipeline import run
 
         task = {"id": str(batch["id"][0]), "items": str(batch["items"][0])}
-        rows: list[dict] = []
+        rows: list[Row] = []
         writer = ShardWriter(self.out, self.options.out_dtype, self.metadata, self.options.shard_bytes,
                              self.options.pooled, flush_seconds=float("inf"),
                              name=f"shard-{task['id']}-{{:03d}}.safetensors".format, on_rows=rows.extend)
@@ -103,7 +103,7 @@ class TaskEncoder:
                 writer.close(discard=True)  # its thread must not outlive the task; the driver drops its shards
             except OutputError:
                 pass
-        return {"id": [task["id"]], "rows": [json.dumps(rows if not error else [], ensure_ascii=True)],
+        return {"id": [task["id"]], "rows": [json.dumps([r.to_json() for r in rows] if not error else [], ensure_ascii=True)],
                 "patches": [patches], "error": [error]}
 
 
@@ -331,9 +331,9 @@ class _Driver:
             raise OutputError(error.removeprefix("output: "))
         errors[str(row["id"])] = error
         if not error:
-            self.record(json.loads(str(row["rows"])), int(row["patches"]))
+            self.record([Row.from_json(r) for r in json.loads(str(row["rows"]))], int(row["patches"]))
 
-    def record(self, rows: list[dict], patches: int) -> None:
+    def record(self, rows: list[Row], patches: int) -> None:
         try:
             append_rows(self.run.out, rows)
         except OSError as e:
