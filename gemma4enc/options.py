@@ -19,7 +19,9 @@ SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the soft-token budgets Gemma 4
 DEFAULT_FRAMES = 32  # frames per video, uniform (Gemma4VideoProcessor's default), and the cap with --fps
 DEFAULT_MODEL = "google/gemma-4-E2B-it"  # the smallest released Gemma 4 with a vision tower
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-OUT_DTYPES = ("bfloat16", "float16", "float32")
+# the stored dtypes, the one map of them: name → (safetensors' dtype code, bytes a value); torch
+# and numpy take the names as they are (getattr(torch, name), np.dtype(name))
+OUT_DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
 VIDEO_BACKENDS = ("auto", "decord", "pyav")
 BATCHING = ("auto", "serial", "bucket", "pack")
 ENGINES = ("local", "ray")
@@ -151,7 +153,7 @@ class Options:
 
     def __post_init__(self):
         _one_of("--dtype", self.dtype, DTYPES)
-        _one_of("--out-dtype", self.out_dtype, OUT_DTYPES)
+        _one_of("--out-dtype", self.out_dtype, tuple(OUT_DTYPES))
         _one_of("--video-backend", self.video_backend, VIDEO_BACKENDS)
         _one_of("--batching", self.batching, BATCHING)
         _one_of("--resize", self.resize, ("fast", "exact"))

@@ -112,3 +112,54 @@ def report_lines(report: dict) -> list[str]:
         else:
             lines.append(f"{label}  {_text(value)}")
     return lines
+
+
+class Bar:
+    """Progress on stderr: a rich bar on a terminal, elsewhere a timestamped line every few seconds
+    with elapsed time and ETA (those lines also go to --log-file)."""
+
+    def __init__(self, total: int, quiet: bool, say=None):
+        import time
+
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.time, self.start, self.last = time, time.perf_counter(), 0.0
+        self.total, self.files, self.patches, self.quiet = total, 0, 0, quiet
+        self.say = say
+        console = Console(stderr=True)
+        self.bar = None
+        if not quiet and console.is_terminal:
+            self.bar = Progress(TextColumn("encoding"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console)
+            self.task = self.bar.add_task("encode", total=total, rate="")
+            self.bar.start()
+
+    def advance(self, files: int, patches: int) -> None:
+        self.files += files
+        self.patches += patches
+        elapsed = max(self.time.perf_counter() - self.start, 1e-9)
+        rate = f"{self.files / elapsed:.1f} items/s {self.patches / elapsed:,.0f} patches/s"
+        if self.bar:
+            self.bar.update(self.task, advance=files, rate=rate)
+        if (self.say or not self.quiet) and (elapsed - self.last >= 5 or self.files == self.total):
+            from .log import duration
+
+            self.last = elapsed
+            eta = duration((self.total - self.files) * elapsed / self.files) if self.files else "?"
+            line = (f"gemma4enc: {self.files:,}/{self.total:,} files ({100 * self.files / max(self.total, 1):.0f}%), "
+                    f"{rate}, elapsed {duration(elapsed)}, ETA {eta}")
+            if self.say:
+                self.say(line, stamp=True, screen=self.bar is None)  # the bar shows it on a terminal
+            elif not self.bar:
+                print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..media.discover import Item
-from ..options import DEFAULT_FRAMES, Options, Sampling
-from ..output.files import MANIFEST, SHARD_RE, TEMP_RE
+from ..options import DEFAULT_FRAMES, OUT_DTYPES, Options, Sampling
+from ..output.files import MANIFEST, SHARD_RE, TEMP_RE, not_an_output
 from ..output.ledger import Ledger
 from ..output.lock import running
 from ..output.settings import SETTINGS
@@ -59,7 +59,7 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
             continue
         buckets[n] += count
         tokens += count * n // (POOL * POOL)
-    width = {"bfloat16": 2, "float16": 2, "float32": 4}[options.out_dtype]  # no torch for a dry run
+    width = OUT_DTYPES[options.out_dtype][1]  # no torch for a dry run
     return {
         "files": len(items), "by_kind": dict(kinds), "unreadable": unreadable, "tower_items": sum(buckets.values()),
         "distinct_patch_counts": len(buckets), "largest_buckets": dict(buckets.most_common(8)),
@@ -82,7 +82,7 @@ def _video_frames(sampling: Sampling, stream) -> int:
 def _output_folder(out: Path) -> Path:
     out = Path(out)
     if not (out / MANIFEST).exists():
-        raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
+        raise UsageError(not_an_output(out))
     return out
 
 
@@ -174,7 +174,7 @@ def _check_open(f, rows: list[dict], settings: dict) -> tuple[list[str], int]:
     out_dtype = meta.get("out_dtype") or settings.get("out_dtype")
     t = f.get_slice(name)
     dtype = str(t.get_dtype()).lower()
-    want = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(out_dtype or "", None)
+    want = OUT_DTYPES[out_dtype][0].lower() if out_dtype in OUT_DTYPES else None
     if want and dtype != want:
         problems.append(f"{name} are {dtype}, the header says {out_dtype}")
     shape = t.get_shape()

@@ -16,14 +16,16 @@ if TYPE_CHECKING:
 from ..errors import UsageError
 from .checkpoint import Checkpoint
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOWER_DTYPES = ("float32", "bfloat16", "float16")  # options.DTYPES without auto, which dtype_name resolves
 
 
 def parse_dtype(name: str) -> torch.dtype:
     try:
-        return DTYPES[name]
+        if name not in TOWER_DTYPES:
+            raise KeyError(name)
+        return getattr(torch, name)
     except KeyError:
-        raise UsageError(f"unknown dtype {name!r}: use one of {', '.join(DTYPES)}") from None
+        raise UsageError(f"unknown dtype {name!r}: use one of {', '.join(TOWER_DTYPES)}") from None
 
 
 def dtype_name(name: str, device: torch.device) -> str:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import UsageError
-from .files import MANIFEST, SHARD_RE, atomic_write, line_of
+from .files import MANIFEST, SHARD_RE, atomic_write, line_of, not_an_output
 from .ledger import Ledger
 
 # a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
@@ -36,7 +36,7 @@ def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dic
     out = Path(out)
     ledger = (ledger or Ledger(out)).refresh()
     if not ledger.path.exists():
-        raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
+        raise UsageError(not_an_output(out))
     gone = {ledger.get(p).offset: p for p in ledger if not os.path.exists(p)} if prune else {}
     moved, replaced = _rewrite_shards(out, ledger, gone) if gone else ({}, [])  # before the manifest: see above
     live = ledger.live_offsets()

@@ -33,7 +33,7 @@ from .settings import SETTINGS
 from .vectors import Record, hidden_size, placed, records
 
 FORMATS = ("clip", "parquet", "webdataset")
-DTYPES = {"float16": np.float16, "float32": np.float32}
+DTYPES = ("float16", "float32")  # what Arrow, Parquet and numpy hold (no bfloat16); np.dtype(name)
 INFO = "export.json"
 BATCH_ROWS = 1 << 16  # metadata rows written at once
 BATCH_BYTES = 32 << 20  # vector and token bytes held before they are written
@@ -146,7 +146,7 @@ def _columns(per_frame: bool) -> dict[str, str]:
 def _cast(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 → the export dtype; a value past float16's range is refused, not written as inf."""
     with np.errstate(over="ignore"):  # said below, in words
-        cast = values.astype(DTYPES[dtype], copy=False)
+        cast = values.astype(np.dtype(dtype), copy=False)
     if dtype == "float16" and not np.isfinite(cast).all() and np.isfinite(values).all():
         raise UsageError("values beyond float16's range (±65504): export with --dtype float32")
     return cast
@@ -259,7 +259,7 @@ class ClipWriter(Writer):
     """img_emb/img_emb_N.npy (pooled vectors) and metadata/metadata_N.parquet, the same rows in each."""
 
     def _open_file(self, number: int) -> None:
-        self.npy = NpyStream(self.temp(f"img_emb/img_emb_{number}.npy"), DTYPES[self.dtype], self.dim)
+        self.npy = NpyStream(self.temp(f"img_emb/img_emb_{number}.npy"), np.dtype(self.dtype), self.dim)
         self.pq = self.parquet(f"metadata/metadata_{number}.parquet", self.meta_schema())
         self.vectors, self.metas, self.held = [], [], 0
 
@@ -269,7 +269,7 @@ class ClipWriter(Writer):
         self.held += rec.pooled.nbytes
         if len(self.metas) >= BATCH_ROWS or self.held >= BATCH_BYTES:
             self._flush()
-        return rec.pooled.size * np.dtype(DTYPES[self.dtype]).itemsize
+        return rec.pooled.size * np.dtype(self.dtype).itemsize
 
     def _flush(self) -> None:
         if self.metas:

@@ -80,3 +80,8 @@ def line_of(row) -> bytes:
         row = row.to_json()
     # a file name that is not UTF-8 holds lone surrogates: written as \udcXX escapes, JSON reads it back
     return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", errors="backslashreplace")
+
+
+def not_an_output(out) -> str:
+    """What every command says of a folder without a manifest."""
+    return f"{out}: no {MANIFEST}; is this a gemma4enc output folder?"

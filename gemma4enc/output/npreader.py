@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..rows import Row, Status
-from .files import MANIFEST
+from .files import MANIFEST, not_an_output
 from .ledger import Ledger
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
@@ -66,7 +66,7 @@ class Rows:
     def _open(self, out) -> None:
         self.out = Path(out)
         if not (self.out / MANIFEST).exists():
-            raise FileNotFoundError(f"{self.out}: no {MANIFEST}; is this a gemma4enc output folder?")
+            raise FileNotFoundError(not_an_output(self.out))
         self.ledger = Ledger.load(self.out, pin=True)
 
     @property

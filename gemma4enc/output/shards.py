@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = "1"
 LOCAL_NAME = "shard-{:06d}.safetensors"
-OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
     """Shard header: everything a reader needs to know what the numbers are."""
     ckpt = tower.checkpoint
@@ -74,7 +73,7 @@ class ShardWriter:
 
     def __init__(self, out: Path, out_dtype: str, metadata: dict[str, str], shard_bytes: int = 1 << 30,
                  pooled: bool = True, flush_seconds: float = 60.0, name=None, on_rows=None):
-        self.out, self.dtype = Path(out), OUT_DTYPES[out_dtype]
+        self.out, self.dtype = Path(out), getattr(torch, out_dtype)  # a name of options.OUT_DTYPES
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
         self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds
         self.pooled_only = metadata.get("store") == "pooled"

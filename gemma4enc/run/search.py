@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
-from ..output.files import MANIFEST, atomic_write
+from ..output.files import MANIFEST, atomic_write, not_an_output
 from ..output.npreader import NumpyEmbeddings
 from ..output.settings import SEARCH_INDEX, SETTINGS, read_settings
 from ..output.vectors import hidden_size, placed, records
@@ -95,7 +95,7 @@ def load_index(out: Path, log=lambda message: None, use_faiss: bool = True) -> t
     """OUT's index: the cached faiss one while the manifest is unchanged, else built (and cached)."""
     out = Path(out)
     if not (out / MANIFEST).exists():
-        raise UsageError(f"{out}: no {MANIFEST}; is this a gemma4enc output folder?")
+        raise UsageError(not_an_output(out))
     stamp = _stamp(out)  # before the manifest is read: rows appended meanwhile make the cache stale, never wrong
     emb = NumpyEmbeddings(out)
     faiss = _faiss() if use_faiss else None

@@ -1,0 +1,107 @@
+"""The Typer app every command registers on, and its one way out: an error becomes its exit code
+(EXIT_CODES, the README's table), one line on stderr and, with --json, an {"error", "exit_code"} object."""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from functools import partial
+from typing import Annotated
+
+import typer
+from typer.core import TyperCommand
+
+from ..errors import OutputError, TooManyFailures, UsageError
+from ..options import Options
+
+DEFAULT = Options()  # every default below is read from here: one place for each
+
+
+EPILOG = ("Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error · "
+              "3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted.")
+
+
+# plain click help: rich markup would eat the brackets of pip install 'gemma4enc[ray]' and print <bool> on flags
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG,
+                  help="Encode folders of images and videos with the Gemma 4 vision tower.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"gemma4enc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
+                                                help="Print the version and exit.")] = False):
+    """Encode folders of images and videos with the Gemma 4 vision tower."""
+
+
+# exit codes; 1 and 0 are the commands' own verdicts (some files failed / all is well)
+EXIT_CODES = {UsageError: 2, TooManyFailures: 3, OutputError: 4, KeyboardInterrupt: 130}
+
+
+EXIT_BUG = 70  # an exception we did not foresee (sysexits' EX_SOFTWARE): a bug to report
+
+
+DEBUG = "GEMMA4ENC_DEBUG"  # =1: print the traceback of such an exception too
+
+
+def exit_for(error: BaseException, command: str) -> tuple[int, str, str]:
+    """An exception that ends a command → (exit code, what kind of end, the one line that says why)."""
+    code = next((c for kind, c in EXIT_CODES.items() if isinstance(error, kind)), EXIT_BUG)
+    if code == 130:
+        return code, "interrupted", "finished files are saved, re-run to resume" if command == "encode" else ""
+    if code == EXIT_BUG:
+        first = (str(error).splitlines() or [""])[0]
+        return code, "internal error", f"{type(error).__name__}: {first} (a bug; {DEBUG}=1 shows the traceback)"
+    return code, "aborted" if code == 3 else "error", str(error)
+
+
+class Command(TyperCommand):
+    """A command whose every way out is an exit code, one line on stderr, and a JSON object on
+    stdout with --json: click's own usage errors (bad flag syntax) and ours alike."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        wants_json = "--json" in args and any(p.name == "json_out" for p in self.params)
+        try:
+            ctx = super().make_context(info_name, list(args), parent, **extra)
+        except typer.TyperException as e:  # click's usage errors, as typer vendors them
+            _json_error(wants_json, e.format_message(), e.exit_code)
+            raise
+        ctx.meta["json_errors"] = wants_json
+        return ctx
+
+    def invoke(self, ctx):
+        from .log import Sink, forwarded
+
+        wants_json = ctx.meta.get("json_errors", False)
+        try:
+            with forwarded(Sink(ctx.params.get("quiet", False))) as handler:
+                ctx.meta["log_handler"] = handler  # encode points it at its own Sink (--log-file)
+                return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise  # a verdict the command gave itself (0, or 1: some files failed)
+        except typer.TyperException as e:  # a flag's value that typer could not convert
+            _json_error(wants_json, e.format_message(), e.exit_code)
+            raise
+        except BaseException as e:  # noqa: BLE001 - every other way out gets its code and its line
+            code, kind, message = exit_for(e, ctx.info_name)
+            if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
+                traceback.print_exc()
+            typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True)
+            _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)
+            raise typer.Exit(code) from None
+
+
+def _json_error(wanted: bool, message: str, code: int) -> None:
+    if wanted:
+        typer.echo(json.dumps({"error": message, "exit_code": code}))
+
+
+command = partial(app.command, cls=Command)

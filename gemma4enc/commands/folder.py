@@ -1,0 +1,165 @@
+"""The commands on an output folder: inspect, verify (and --repair), compact, export, search."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import UsageError
+from ..options import Options, parse_size
+from ..output.files import not_an_output
+from .app import command
+from .flags import (
+    Json,
+    OutFolder,
+    Quiet,
+)
+from .log import Bar
+
+
+@command()
+def inspect(out: OutFolder, json_out: Json = False):
+    """Summarise an output folder: files by status, shards, tokens, failures."""
+    from .report import inspect_report
+
+    report = inspect_report(out)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        from .log import report_lines
+
+        typer.echo("\n".join(report_lines(report)))
+
+
+@command()
+def verify(out: OutFolder, repair: Annotated[bool, typer.Option("--repair", help="Encode again the files of shards that are missing or fail a check (with the settings OUT records).")] = False,
+           json_out: Json = False):
+    """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
+    from .report import verify as check
+
+    report = check(out)
+    if repair and report["bad_shards"]:
+        repaired = _repair(out, report["bad_shards"])
+        report = check(out) | {"repaired": repaired}
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(f"{report['out']}: {report['files']} files, {report['encoded']} encoded in {report['shards']} "
+                   f"shards, {report['tokens_checked']:,} tokens checked")
+        for line in report["problems"]:
+            typer.echo(f"problem: {line}")
+        for line in report["warnings"]:
+            typer.echo(f"warning: {line}")
+        typer.echo("ok" if report["ok"] else f"{len(report['problems'])} problem(s)")
+    raise typer.Exit(0 if report["ok"] else 1)
+
+
+def _repair(out: Path, shards: list[str]) -> int:
+    """Supersede the rows into these shards, then encode their files again (with the settings OUT
+    records, through the same function as encode); returns how many were asked for."""
+
+    from ..output.ledger import Ledger
+    from ..output.lock import Lock
+    from ..output.repair import LOST, mark_lost
+    from ..run.encode import encode as run_encode
+
+    with Lock(out):
+        ledger = Ledger.load(out)
+        mark_lost(out, set(shards), ledger)
+        paths = [p for p, e in ledger.entries() if e.status == LOST]
+    there = [p for p in paths if os.path.lexists(p)]  # a gone input keeps its lost row; verify says so
+    if there:
+        run_encode(there, out)  # its rows say how each file went; the second verify tells
+    return len(paths)
+
+
+@command()
+def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help="Also drop the rows and tokens of inputs that no longer exist.")] = False,
+            json_out: Json = False):
+    """Rewrite the manifest with one row per file (the latest), under OUT's lock."""
+    from ..output.compact import compact as rewrite
+    from ..output.ledger import Ledger
+    from ..output.lock import Lock
+    from ..output.repair import repair
+
+    if not (out / "manifest.jsonl").exists():
+        raise UsageError(not_an_output(out))
+    with Lock(out):
+        ledger = Ledger(out)  # read once, by repair; compact reads on from there
+        notes = repair(out, ledger)
+        report = rewrite(out, ledger, prune=prune) | {"notes": notes}
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(f"{report['out']}: {report['rows_before']} rows → {report['rows_after']}; pruned "
+                   f"{report['pruned']} file(s), {report['pruned_tokens']:,} tokens, {report['shards_rewritten']} "
+                   "shard(s) rewritten")
+
+
+@command()
+def export(
+    out: OutFolder,
+    dest: Annotated[Path, typer.Argument(help="Folder to write (new or empty; see --overwrite).")],
+    to: Annotated[str, typer.Option("--to", help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB) or webdataset (tar shards of KEY.npy + KEY.json).")] = "clip",
+    dtype: Annotated[str, typer.Option("--dtype", help="float16 or float32 (bfloat16 tokens widen to float32 exactly).")] = "float16",
+    per_frame: Annotated[bool, typer.Option("--per-frame", help="One row per sampled video frame (its tokens and their mean) instead of per file.")] = False,
+    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the pooled vectors (default: on for clip, off otherwise).", show_default=False)] = None,
+    rows_per_file: Annotated[Optional[int], typer.Option("--rows-per-file", help="Start a new file after this many rows (default: by --file-size only).")] = None,
+    file_size: Annotated[str, typer.Option("--file-size", help="Start a new file once this many bytes of vectors or tokens are written: 1GB, 256MB, 1GiB.")] = "1GB",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier export in the folder (only the files an export writes are removed).")] = False,
+    json_out: Json = False,
+):
+    """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
+    from ..output.export import export as run_export
+
+    report = run_export(out, to, dest, dtype, per_frame, normalize, rows_per_file, parse_size(file_size, "--file-size"),
+                        overwrite)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(f"{report['dir']}: {report['rows']:,} rows in {len(report['files'])} file(s), {to}, {dtype}"
+                   f"{', normalised' if report['normalized'] else ''}{', per frame' if per_frame else ''}")
+
+
+@command()
+def search(
+    out: OutFolder,
+    files: Annotated[Optional[list[str]], typer.Argument(help="Files to find the nearest of: looked up in OUT, or encoded with OUT's settings and model.", show_default=False)] = None,
+    k: Annotated[int, typer.Option("-k", "--top", help="Nearest files listed per file (itself first, when OUT holds it).")] = 10,
+    dups: Annotated[bool, typer.Option("--duplicates", help="Instead: list the groups of near-duplicate files in OUT.")] = False,
+    threshold: Annotated[float, typer.Option("--threshold", help="--duplicates: the cosine two files' pooled vectors reach to be grouped.")] = 0.98,
+    device: Annotated[str, typer.Option(help="Where files OUT lacks are encoded: auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    json_out: Json = False,
+    quiet: Quiet = False,
+):
+    """Nearest files by cosine of pooled vectors (a faiss index cached in OUT, or numpy), or near-duplicates."""
+    from ..run.search import duplicates
+    from ..run.search import search as find
+
+    if dups == bool(files):
+        raise UsageError("give FILES to search for, or --duplicates (not both)")
+    say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
+    if dups:
+        report = duplicates(out, threshold, log=say)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            typer.echo("\n\n".join("\n".join(group) for group in report["groups"]))
+            say(f"{len(report['groups'])} group(s) of {sum(map(len, report['groups']))} files at cosine ≥ {threshold}")
+        return
+    Options(device=device)  # a bad --device is refused before the index is read
+    report = find(out, files, k, device, bar=lambda n: Bar(n, True), log=say)
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        for result in report["results"]:
+            if len(files) > 1:
+                typer.echo(f"{result['file']}:")
+            typer.echo("\n".join(f"{hit['score']:.4f}  {hit['path']}" for hit in result["hits"]))
+    for failure in report["failed"]:
+        say(f"{failure['file']}: {failure['error']}")
+    raise typer.Exit(1 if report["failed"] else 0)
