@@ -11,6 +11,7 @@ import pytest
 
 import gemma4enc
 from gemma4enc.output import export as export_module
+from gemma4enc.output import formats
 from gemma4enc.commands.cli import app
 from gemma4enc.errors import UsageError
 from gemma4enc.output.npreader import Shard
@@ -205,8 +206,8 @@ def test_refusals_and_overwrite(folder, tmp_path):
 
 def test_float16_overflow_is_refused():
     with pytest.raises(UsageError, match="--dtype float32"):
-        export_module._cast(np.array([1e5], np.float32), "float16")
-    assert export_module._cast(np.array([1e5], np.float32), "float32")[0] == 1e5
+        formats._cast(np.array([1e5], np.float32), "float16")
+    assert formats._cast(np.array([1e5], np.float32), "float32")[0] == 1e5
 
 
 def test_store_pooled_keeps_the_vectors_without_the_tokens(folder, ckpt):

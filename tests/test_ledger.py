@@ -267,6 +267,24 @@ def test_a_fresh_run_starts_its_workers_before_torch_loads_and_closes_them(ckpt,
     assert not [p for p in multiprocessing.active_children() if p.name == "gemma4enc-decode"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+def test_a_run_calls_preflight_once(ckpt, tmp_path, monkeypatch, dtype):
+    """Once a run: before OUT is touched, or on a re-run whose check can wait, once it has work."""
+    from gemma4enc.run import preflight as preflight_module
+
+    calls = []
+    real = preflight_module.preflight
+    monkeypatch.setattr(preflight_module, "preflight", lambda *a, **k: calls.append(1) or real(*a, **k))
+    media, out = photos(tmp_path / "media", 2), tmp_path / "out"
+    argv = [media, "-o", out, "--model", ckpt, *flags(dtype=dtype)]
+    assert encode(argv).exit_code == 0 and len(calls) == 1
+    photo(40, 40, seed=7).save(media / "new.jpg")
+    calls.clear()
+    assert json.loads(encode(argv).stdout)["encoded"] == 1 and len(calls) == 1
+    calls.clear()
+    assert json.loads(encode(argv).stdout)["encoded"] == 0 and len(calls) == (0 if dtype != "auto" else 1)
+
+
 def test_a_compacted_folder_adopts_a_moved_root_and_heals_a_lost_shard(done, ckpt, tmp_path):
     """Compaction (rows copied, some moved to rewritten shards) keeps what adoption and healing need."""
     media, out, before, _ = done

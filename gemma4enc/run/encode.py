@@ -68,15 +68,16 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     `unchanged`: the files discovery left out of `items` as done (counted, looked at again if
     their rows changed meanwhile).
     """
-    from .preflight import preflight
+    from .preflight import can_wait, named, preflight
 
     out = Path(out)
     log = log or (lambda message: None)
+    rerun = not overwrite and (out / SETTINGS).exists()
     # a re-run into a folder a loaded model made checks the model and devices only if there is work
-    light = not overwrite and (out / SETTINGS).exists()
-    pool = early_pool(items, options, light)
+    deferred = rerun and can_wait(options)
+    pool = early_pool(items, options, rerun)
     try:
-        options, extra = preflight(options, light=light)  # before OUT is touched
+        options, extra = (named(options), {"revision": None}) if deferred else preflight(options)  # OUT untouched
     except BaseException:
         if pool is not None:
             pool.close()
@@ -97,12 +98,12 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
                 items = unchanged.again(items)
             todo = still_to_do(items, out, options, ledger)
             found = len(items) + len(unchanged or ())  # the files discovery found, done ones counted only
-            if todo and light:
+            if todo and deferred:
                 options, extra = preflight(options)  # now the model will load: find it, check the devices
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
             run = Run(out, options, bar, log, done=found - len(todo), ready=ready, pool=pool)
             try:
-                summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not light)
+                summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not deferred)
             except TooManyFailures as e:
                 raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
             ledger.refresh()  # only the rows this run appended
@@ -130,13 +131,13 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     }
 
 
-def early_pool(items: list[Item], options: Options, light: bool):
+def early_pool(items: list[Item], options: Options, rerun: bool):
     """Decode workers started before preflight imports torch (seconds), for a run that surely has work:
     a new or --overwrite output folder (no settings yet, so no rows to match) and files to encode,
     on the local engine. The first photo is then decoded by the time the model has loaded.
-    Preflight changes only the model path and dtype, which decoding does not read. A re-run
+    Prefrerun changes only the model path and dtype, which decoding does not read. A re-run
     (settings there) may have nothing to do: its workers start in the engine, once todo is known."""
-    if light or not items or options.engine != "local" or options.workers == 0:
+    if rerun or not items or options.engine != "local" or options.workers == 0:
         return None
     from ..media.workers import DecodePool
 

@@ -13,17 +13,25 @@ from pathlib import Path
 from ..options import Options
 
 
-def preflight(options: Options, light: bool = False) -> tuple[Options, dict]:
+def named(options: Options) -> Options:
+    """The model named one way however it was written (a local folder: its resolved path); no check."""
+    local = Path(options.model).expanduser().is_dir()
+    return replace(options, model=str(Path(options.model).expanduser().resolve())) if local else options
+
+
+def can_wait(options: Options) -> bool:
+    """Whether a re-run may put the check off until it has work: a local model with a stated dtype is
+    recorded as it is, without torch or transformers (a hub id needs its commit, auto its device)."""
+    return Path(options.model).expanduser().is_dir() and options.dtype != "auto"
+
+
+def preflight(options: Options) -> tuple[Options, dict]:
     """(options with the model path and dtype resolved, what else settings.json records).
 
-    Raises UsageError for a model that is not there or a device this machine lacks. `light`
-    (a re-run into a folder whose settings a loaded model wrote): a local model with a stated
-    dtype is only resolved, without torch or transformers; the caller checks it fully once
-    there is work."""
+    Raises UsageError for a model that is not there or a device this machine lacks. A run calls it
+    once: before OUT is touched, or, on a re-run that `can_wait`, once there is work."""
     local = Path(options.model).expanduser().is_dir()
     model = str(Path(options.model).expanduser().resolve()) if local else options.model
-    if light and local and options.dtype != "auto":
-        return replace(options, model=model), {"revision": None}
     from ..model.checkpoint import find_checkpoint
     from ..model.load import devices, dtype_name, parse_device
 
