@@ -14,9 +14,11 @@ from .errors import UsageError
 from .rows import Status
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
-              ".pgm", ".pbm", ".ico", ".tga"}
+              ".pgm", ".pbm", ".ico", ".tga", ".heic", ".heif", ".hif", ".apng", ".jxl"}
+# MPEG-TS has no magic bytes in its first 32 (a sync byte every 188 or, in .m2ts, 192): the name tells
 VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
-              ".wmv", ".3gp", ".ogv"}
+              ".wmv", ".3gp", ".ogv", ".m2ts", ".m2t", ".vob", ".mod", ".tod", ".3g2", ".f4v", ".asf", ".mxf",
+              ".dv", ".divx"}
 SNIFF_BYTES = 32
 
 
