@@ -174,6 +174,10 @@ def _fitted(image: Image.Image, budget: int) -> tuple[Fitted, tuple[int, int]]:
     want = (th, tw) if turned else (tw, th)  # the target as stored: (width, height)
     drafted = image.draft("RGB", want)  # JPEG only (None elsewhere); picks a scale ≥ want
     image.load()  # lazy open: a truncated file fails here, inside the caller's try
+    if orientation != 1 and image.getexif().get(0x0112, 1) == 1:  # the loader turned it itself (TIFF)
+        orientation, (width, height) = 1, image.size  # so it is upright, full size: no draft here
+        th, tw = target_size(height, width, budget)
+        want, stored_w, stored_h = (tw, th), width, height
     decoded = image.size
     box = drafted[1] if drafted else (0, 0, stored_w, stored_h)
     rgb = to_rgb(image)

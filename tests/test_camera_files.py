@@ -176,3 +176,37 @@ def test_an_audio_track_longer_than_the_video_is_not_a_cut(tmp_path):
             container.mux(p)
     got = decode_video(str(path), Sampling(frames=4), "pyav")
     assert read(got) == got.indices == [0, 6, 12, 18] and not got.info["truncated"]
+
+
+INVERSE = {2: 2, 3: 3, 4: 4, 5: 5, 6: 8, 7: 7, 8: 6}  # the orientation whose turn undoes this one's
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "JPEG", "PNG", "WEBP"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_photo_stored_turned_comes_out_upright_on_both_resize_paths(tmp_path, fmt, orientation):
+    """Stored as a camera does (the sensor's way up plus an EXIF orientation): upright, and the row says the upright size."""
+    from PIL import Image
+
+    from gemma4enc.decode import UPRIGHT
+
+    upright = np.zeros((240, 400, 3), np.uint8)
+    upright[:120, :200] = (250, 250, 250)  # a white top-left quarter and a red bottom edge tell every turn apart
+    upright[200:, :, 0] = 250
+    shown = Image.fromarray(upright)
+    stored = shown.transpose(UPRIGHT[INVERSE[orientation]]) if orientation > 1 else shown
+    path = tmp_path / f"o{orientation}.{fmt.lower()}"
+    if fmt == "TIFF":
+        stored.save(path, tiffinfo={274: orientation})
+    else:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        stored.save(path, exif=exif, **({"quality": 95} if fmt != "PNG" else {}))
+    (item,), _ = discover([str(path)])
+    for resize in ("fast", "exact"):
+        done = prepare(item, Options(resize=resize, image_tokens=70))
+        assert done.status == "ok" and (done.width, done.height) == (400, 240), (resize, done.width, done.height)
+    from gemma4enc.decode import decode_image
+
+    fitted = decode_image(str(path), None, 70).images[0].image
+    want = np.asarray(shown.resize(fitted.size, Image.Resampling.BICUBIC), np.float64)
+    assert np.abs(np.asarray(fitted, np.float64) - want).mean() < 6
