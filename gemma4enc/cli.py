@@ -299,7 +299,9 @@ def encode(
     recorded |= saved
     for note in no_effect(recorded, given):
         say(f"gemma4enc: warning: {note}")
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
+    # cron and schedulers stop us with SIGTERM, a closed terminal or ssh session with SIGHUP
+    stops = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, _interrupt) for sig in stops}
     try:
         r = recorded
         options = Options(
@@ -331,7 +333,8 @@ def encode(
             say(f"gemma4enc: {kind}: {message}", screen=False)
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)  # the work is saved; a late SIGTERM just ends us
+        for sig, handler in previous.items():  # the work is saved; a late signal just ends us
+            signal.signal(sig, handler)
         say.close()
     report["skipped_not_media"] = skipped
     if json_out:

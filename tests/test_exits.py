@@ -178,3 +178,29 @@ def test_a_report_or_log_on_a_full_device_is_one_line_not_a_traceback(good, ckpt
     unopenable = encode_in_subprocess(good, "-o", out, "--log-file", str(tmp_path), "--json")
     assert unopenable.returncode == 2 and unopenable.stderr.splitlines() == [
         f"gemma4enc: error: --log-file {tmp_path}: Is a directory"], unopenable.stderr
+
+
+def test_sighup_is_an_interrupt_with_its_line_and_json(ckpt, tmp_path):
+    """A closed terminal or ssh session: saved, exit 130, the interrupted line and JSON, as SIGTERM."""
+    import shutil
+    import signal
+    import time
+
+    from .helpers import encode_argv, flags, photo
+
+    media = tmp_path / "media"
+    media.mkdir()
+    photo(1200, 1600).save(media / "p00.png")
+    for i in range(1, 30):  # long enough to be stopped half way
+        shutil.copy(media / "p00.png", media / f"p{i:02d}.png")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(encode_argv(media, "--model", ckpt, *flags(shard_size=1, workers=1), "-o", out),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "manifest.jsonl").exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "gemma4enc: interrupted: finished files are saved, re-run to resume" in stderr, (
+        proc.returncode, stderr)
+    assert json.loads(stdout)["exit_code"] == 130
