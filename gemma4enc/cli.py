@@ -371,8 +371,9 @@ def plan(
     revision: Annotated[Optional[str], typer.Option(help="With --model a hub id: its branch, tag or commit (default: main).")] = None,
     hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
     out_dtype: OutDtype = DEFAULT.out_dtype,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Plan only what encode -o OUT has still to do (files done there are not opened).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Plan only what encode -o OUT has still to do (files done there are not opened), with the settings OUT records for the flags not given.")] = None,
     json_out: Json = False,
+    ctx: typer.Context = None,
 ):
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
     import os
@@ -382,6 +383,9 @@ def plan(
     from .ledger import Ledger
     from .outdir import Unchanged
 
+    if out:  # as encode -o OUT would run: the flags not given are what OUT records
+        image_tokens, video_tokens, frames, fps, max_frames, out_dtype, model, revision = _recorded_for_plan(
+            out, _given(ctx), image_tokens, video_tokens, frames, fps, max_frames, out_dtype, model, revision)
     options = Options(image_tokens=image_tokens, video_tokens=video_tokens,
                       sampling=_sampling(frames, fps, max_frames), out_dtype=out_dtype)
     found = []
@@ -411,6 +415,20 @@ def plan(
         from .log import report_lines
 
         typer.echo("\n".join(report_lines(report)))
+
+
+def _recorded_for_plan(out, given, image_tokens, video_tokens, frames, fps, max_frames, out_dtype, model, revision):
+    """plan -o OUT's settings: each one given, else OUT/settings.json's, else the default. The
+    recorded model gives the stored width unless --model or --hidden-size is given."""
+    from .preflight import remembered
+
+    saved = remembered(out, given)
+    if given("hidden_size"):
+        saved.pop("model", None)
+    return (saved.get("image_tokens", image_tokens), saved.get("video_tokens", video_tokens),
+            saved.get("frames", frames), saved.get("fps", fps), saved.get("max_frames", max_frames),
+            saved.get("out_dtype", out_dtype), saved.get("model", model),
+            saved.get("revision", revision) if "model" in saved else revision)
 
 
 def _not_done(items, ledger) -> list:
