@@ -61,7 +61,7 @@ Fps = Annotated[Optional[float], typer.Option("--fps", help="Sample this many fr
 MaxFrames = Annotated[int, typer.Option("--max-frames", help="Cap on frames per video with --fps.")]
 Resize = Annotated[str, typer.Option("--resize", help="fast (images decoded at the smallest scale that holds the target size, 1080p+ video frames box-reduced, then the processor's bicubic; same patch grid, ≥ 45 dB PSNR of exact) or exact (the pixels of transformers' Gemma4ImageProcessorPil).")]
 Backend = Annotated[str, typer.Option("--video-backend", help="auto (PyAV; decord where PyAV cannot read a file), decord or pyav.")]
-Seek = Annotated[str, typer.Option("--seek", help="exact (each sampled frame as asked) or keyframe (each moved to the nearest keyframe, decoding only keyframes; frame_indices say which).")]
+Seek = Annotated[str, typer.Option("--seek", help="exact (each sampled frame as asked), keyframe (each moved to the nearest keyframe, decoding only keyframes) or nearest[:SECONDS] (moved to a keyframe only within SECONDS, 0.5 by default, and a quarter of the sample spacing; else exact); frame_indices say which.")]
 Batching = Annotated[str, typer.Option(help="auto, serial (one item per call), bucket (same patch count) or pack (any size).")]
 MemFraction = Annotated[float, typer.Option("--memory-fraction", help="Share of free accelerator memory a batch may use.")]
 MaxPatches = Annotated[Optional[int], typer.Option("--max-batch-patches", help="Patches per tower call (overrides the memory model).")]

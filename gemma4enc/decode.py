@@ -249,6 +249,8 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str 
         wanted = sampling.indices(len(times), times)
         if seek == "keyframe" and not index.by_count:
             wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
+        elif seek_bound(seek) and not index.by_count:
+            wanted = snap_within(wanted, np.searchsorted(order, index.keyframes).tolist(), times, seek_bound(seek))
         size: list[tuple[int, int]] = []
         got = {} if index.by_count else _pyav_frames(container, stream, index, wanted, transform, size,
                                                       seek == "keyframe")
@@ -344,6 +346,48 @@ def _counted_frames(container, stream, wanted, transform, size) -> dict[int, obj
     return got
 
 
+NEAREST_SHIFT = 0.5  # --seek nearest: seconds a sample may move to a keyframe (a phone's 1 s GOP: every sample)
+
+
+def seek_bound(seek: str) -> float | None:
+    """--seek nearest[:SECONDS] → the largest shift in seconds; None for exact and keyframe."""
+    if not seek.startswith("nearest"):
+        return None
+    mode, _, value = seek.partition(":")
+    try:
+        bound = float(value) if value else NEAREST_SHIFT
+    except ValueError:
+        bound = -1.0
+    if mode != "nearest" or not bound > 0 or bound == float("inf"):
+        from .errors import UsageError
+
+        raise UsageError(f"--seek {seek!r}: nearest takes a shift bound in seconds above 0, e.g. nearest:0.5")
+    return bound
+
+
+def snap_within(wanted: list[int], keys: list[int], times, bound: float) -> list[int]:
+    """--seek nearest: each sample moved to its nearest keyframe where that is at most `bound`
+    seconds away and a quarter of the spacing between samples (so samples stay apart and in
+    order), and not taken by another sample; every other sample stays the frame asked for."""
+    if not keys or not wanted:
+        return list(wanted)
+    spacing = (float(times[wanted[-1]]) - float(times[wanted[0]])) / max(len(wanted) - 1, 1)
+    tau = min(bound, spacing / 4) if len(wanted) > 1 else bound
+    key_times = [float(times[k]) for k in keys]
+    taken, out = set(), []
+    for i in wanted:
+        t = float(times[i])
+        at = bisect.bisect_left(key_times, t)
+        near = min((j for j in (at - 1, at) if 0 <= j < len(keys)), key=lambda j: (abs(key_times[j] - t), j))
+        k = keys[near]
+        if abs(key_times[near] - t) <= tau + 1e-9 and k not in taken and k not in wanted:
+            out.append(k)
+            taken.add(k)
+        else:
+            out.append(i)
+    return sorted(set(out))
+
+
 def snap_to_keyframes(wanted: list[int], keys: list[int]) -> list[int]:
     """Each frame index moved to the nearest keyframe index (the earlier on a tie), once each."""
     if not keys:
@@ -399,6 +443,8 @@ def decode_video_decord(path: str, sampling: Sampling, transform=_same, seek: st
     wanted = sampling.indices(total, times)
     if seek == "keyframe":
         wanted = snap_to_keyframes(wanted, sorted(int(k) for k in reader.get_key_indices()))
+    elif seek_bound(seek):
+        wanted = snap_within(wanted, sorted(int(k) for k in reader.get_key_indices()), times, seek_bound(seek))
     images = []
     for at in range(0, len(wanted), DECORD_CHUNK):
         try:

@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 
-from .decode import Sampling
+from .decode import Sampling, seek_bound
 from .errors import UsageError
 from .patches import SOFT_TOKEN_BUDGETS
 
@@ -122,7 +122,9 @@ class Options:
         _one_of("--video-backend", self.video_backend, VIDEO_BACKENDS)
         _one_of("--batching", self.batching, BATCHING)
         _one_of("--resize", self.resize, ("fast", "exact"))
-        _one_of("--seek", self.seek, ("exact", "keyframe"))
+        if not (isinstance(self.seek, str) and self.seek.startswith("nearest")):
+            _one_of("--seek", self.seek, ("exact", "keyframe", "nearest", "nearest:SECONDS"))
+        seek_bound(self.seek)  # nearest[:SECONDS]: SECONDS > 0
         _one_of("--engine", self.engine, ENGINES)
         _one_of("--max-soft-tokens", self.image_tokens, SOFT_TOKEN_BUDGETS)
         _one_of("--video-soft-tokens", self.video_tokens, SOFT_TOKEN_BUDGETS)

@@ -30,7 +30,7 @@ def write_clip(path: Path, codec: str, frames: int = FRAMES, gop: int = 24, bfra
         stream = container.add_stream(codec, rate=25)
         stream.width, stream.height, stream.pix_fmt = *SIZE, pix_fmt
         if codec in ("libx264", "libx265"):
-            stream.options = {"g": str(gop), "bf": str(bframes)} if codec == "libx264" else {
+            stream.options = {"g": str(gop), "bf": str(bframes), "sc_threshold": "0"} if codec == "libx264" else {
                 "x265-params": f"keyint={gop}:min-keyint={gop}:bframes={bframes}:log-level=error"}
         elif codec in ("mpeg2video", "mpeg4"):
             stream.codec_context.gop_size = gop
@@ -210,3 +210,51 @@ def test_a_photo_stored_turned_comes_out_upright_on_both_resize_paths(tmp_path, 
     fitted = decode_image(str(path), None, 70).images[0].image
     want = np.asarray(shown.resize(fitted.size, Image.Resampling.BICUBIC), np.float64)
     assert np.abs(np.asarray(fitted, np.float64) - want).mean() < 6
+
+
+def _keyframes(path) -> list[int]:
+    import av
+
+    with av.open(str(path)) as container:
+        packets = [p for p in container.demux(video=0) if p.pts is not None and p.size]
+    order = sorted(p.pts for p in packets)
+    return sorted(order.index(p.pts) for p in packets if p.is_keyframe)
+
+
+@pytest.mark.parametrize("backend", ["pyav", "decord"])
+def test_nearest_seek_moves_only_the_samples_near_a_keyframe(tmp_path, backend):
+    """A phone-like clip (1.2 s GOP at 25 fps, no B-frames), 8 samples 1.5 s apart: the bound is
+    min(0.5 s, 1.5 s / 4) = 0.375 s, 9.4 frames. Sample by sample: 0, 150 are keyframes; 37 → 30
+    (-7 frames), 112 → 120 (+8), 187 → 180 (-7), 262 → 270 (+8) move; 75 and 225 lie 15 frames
+    (0.6 s) from both neighbours and stay as asked."""
+    if backend == "decord":
+        pytest.importorskip("decord")
+    path = write_clip(tmp_path / "phone.mp4", "libx264", frames=300, gop=30, bframes=0)
+    assert _keyframes(path) == list(range(0, 300, 30))
+    asked = Sampling(frames=8).indices(300)
+    assert asked == [0, 37, 75, 112, 150, 187, 225, 262]
+    got = decode_video(str(path), Sampling(frames=8), backend, seek="nearest")
+    assert got.indices == [0, 30, 75, 120, 150, 180, 225, 270]
+    assert read(got) == got.indices and got.timestamps == [i / 25 for i in got.indices]
+    shifts = [abs(t - a) for t, a in zip(got.indices, asked)]
+    assert max(shifts) * (1 / 25) <= 0.375  # no sample moved further than the bound
+    tight = decode_video(str(path), Sampling(frames=8), backend, seek="nearest:0.2")  # 5 frames: none moves
+    assert tight.indices == asked and read(tight) == asked
+
+
+def test_nearest_seek_keeps_samples_apart_on_a_short_clip(tmp_path):
+    """32 samples of 96 frames: a quarter spacing is under a frame, so every sample is the one asked."""
+    path = write_clip(tmp_path / "short.mp4", "libx264", gop=12, bframes=2)
+    got = decode_video(str(path), Sampling(frames=32), "pyav", seek="nearest")
+    assert got.indices == Sampling(frames=32).indices(FRAMES) and read(got) == got.indices
+
+
+def test_nearest_seek_reaches_the_row_and_the_settings(tmp_path):
+    path = write_clip(tmp_path / "phone.mp4", "libx264", frames=300, gop=30, bframes=0)
+    (item,), _ = discover([str(path)])
+    done = prepare(item, Options(sampling=Sampling(frames=8), seek="nearest:0.5", video_backend="pyav"))
+    assert done.video["frame_indices"] == [0, 30, 75, 120, 150, 180, 225, 270] and len(done.patches) == 8
+    assert Options(seek="nearest:0.5").fingerprint()["seek"] == "nearest:0.5"
+    for bad in ("nearest:0", "nearest:-1", "nearest:x", "near"):
+        with pytest.raises(Exception, match="--seek"):
+            Options(seek=bad)
