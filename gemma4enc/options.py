@@ -17,6 +17,7 @@ from .errors import UsageError
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the soft-token budgets Gemma 4's processor knows
 DEFAULT_FRAMES = 32  # frames per video, uniform (Gemma4VideoProcessor's default), and the cap with --fps
+NEAREST_SHIFT = 0.5  # --seek nearest: seconds a sample may move to a keyframe (a phone's 1 s GOP: every sample)
 DEFAULT_MODEL = "google/gemma-4-E2B-it"  # the smallest released Gemma 4 with a vision tower
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # the stored dtypes, the one map of them: name → (safetensors' dtype code, bytes a value); torch
@@ -157,7 +158,9 @@ class Options:
         _one_of("--video-backend", self.video_backend, VIDEO_BACKENDS)
         _one_of("--batching", self.batching, BATCHING)
         _one_of("--resize", self.resize, ("fast", "exact"))
-        _one_of("--seek", self.seek, ("exact", "keyframe"))
+        if not (isinstance(self.seek, str) and self.seek.startswith("nearest")):
+            _one_of("--seek", self.seek, ("exact", "keyframe", "nearest", "nearest:SECONDS"))
+        seek_bound(self.seek)  # nearest[:SECONDS]: SECONDS > 0
         _one_of("--engine", self.engine, ENGINES)
         _one_of("--store", self.store, STORES)
         if self.store == "pooled" and not self.pooled:
@@ -254,6 +257,20 @@ def _no_effect(kw: dict, given: set) -> list[str]:
     if "frames" in given and kw.get("fps") is not None:
         notes.append("--frames has no effect with --fps (--max-frames caps the frames); ignored")
     return notes
+
+
+def seek_bound(seek: str) -> float | None:
+    """--seek nearest[:SECONDS] → the largest shift in seconds; None for exact and keyframe."""
+    if not seek.startswith("nearest"):
+        return None
+    mode, _, value = seek.partition(":")
+    try:
+        bound = float(value) if value else NEAREST_SHIFT
+    except ValueError:
+        bound = -1.0
+    if mode != "nearest" or not bound > 0 or bound == float("inf"):
+        raise UsageError(f"--seek {seek!r}: nearest takes a shift bound in seconds above 0, e.g. nearest:0.5")
+    return bound
 
 
 def _one_of(flag: str, value, choices: tuple) -> None:

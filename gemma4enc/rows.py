@@ -34,7 +34,8 @@ class Status(enum.StrEnum):
 
 
 # written only when set, in this order after `height` (video facts) and at the end (sha256)
-VIDEO_KEYS = ("frame_indices", "timestamps", "fps", "duration", "total_frames", "backend")
+VIDEO_KEYS = ("frame_indices", "timestamps", "fps", "duration", "total_frames", "backend", "truncated",
+              "missing_frames")
 
 
 @dataclass(frozen=True)

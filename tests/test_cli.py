@@ -236,3 +236,17 @@ def test_the_console_script_lets_idle_openmp_threads_sleep_unless_told(given, se
             "try:\n    main()\nexcept SystemExit:\n    pass\nprint(os.environ['OMP_WAIT_POLICY'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == seen, done.stderr
+
+
+def test_an_empty_drop_folder_makes_an_out_every_command_reads(ckpt, tmp_path):
+    drop, out = tmp_path / "drop", tmp_path / "out"
+    drop.mkdir()
+    first = encode([drop, "-o", out, "--model", ckpt, *BASE])
+    assert first.exit_code == 0 and json.loads(first.stdout)["encoded"] == 0, first.output
+    for command in ("verify", "inspect"):
+        result = RUN.invoke(app, [command, str(out), "--json"])
+        assert result.exit_code == 0 and json.loads(result.stdout)["files"] == 0, result.output
+    assert len(gemma4enc.open(out)) == 0 and len(gemma4enc.open(out, framework="numpy")) == 0
+    (drop / "a.png").write_bytes(b"")  # an empty file arrives: it gets its row
+    later = encode([drop, "-o", out, "--model", ckpt, *BASE])
+    assert later.exit_code == 1 and gemma4enc.open(out).row(drop / "a.png")["status"] == "empty", later.output

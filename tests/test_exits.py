@@ -143,3 +143,64 @@ def test_safetensors_errors_read_as_the_os_error_they_wrap(tmp_path):
     with tmpfs(tmp_path / "tiny", "64k") as tiny, pytest.raises(SafetensorError) as e:
         save_file({"t": torch.zeros(1 << 18)}, str(tiny / "x.safetensors"))
     assert not hasattr(e.value, "strerror") and reason(e.value) == "No space left on device"
+
+
+def test_compact_on_a_read_only_out_is_one_line_and_exit_2(tmp_path):
+    with tmpfs(tmp_path / "ro", "1m") as ro:
+        row = {"path": "/m/x.jpg", "kind": "image", "size": 1, "mtime_ns": 1, "status": "decode_error", "error": "e",
+               "shard": None, "index": None, "tokens": 0, "frames": 0}
+        (ro / "manifest.jsonl").write_text(json.dumps(row) + "\n")
+        remount = subprocess.run(["mount", "-o", "remount,ro", str(ro)], capture_output=True, timeout=30)
+        if remount.returncode:
+            pytest.skip(f"cannot remount read-only here: {remount.stderr.strip()}")
+        result = subprocess.run([sys.executable, "-m", "gemma4enc", "compact", str(ro), "--json"],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [f"gemma4enc: error: cannot write to {ro}: Read-only file system"]
+        assert json.loads(result.stdout) == {"error": f"cannot write to {ro}: Read-only file system", "exit_code": 2}
+
+
+def test_a_report_or_log_on_a_full_device_is_one_line_not_a_traceback(good, ckpt, tmp_path):
+    """/dev/full: every write fails with ENOSPC, as stdout or a log file on a full disk would."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    out = tmp_path / "out"
+    logged = encode_in_subprocess(good, "-o", out, "--model", ckpt, *BASE, "--log-file", "/dev/full", "-q")
+    assert logged.returncode == 0, logged.stderr  # the tokens matter more than the log: the run goes on
+    assert logged.stderr.splitlines() == [
+        "gemma4enc: warning: --log-file /dev/full: No space left on device; it gets no more lines"]
+    for args in (["inspect", str(out), "--json"], ["inspect", str(out)], ["compact", str(out), "--json"]):
+        with open("/dev/full", "w") as full:
+            result = subprocess.run([sys.executable, "-m", "gemma4enc", *args], stdout=full, stderr=subprocess.PIPE,
+                                    text=True, timeout=120)
+        assert result.returncode == 4, result.stderr
+        assert result.stderr.splitlines() == ["gemma4enc: error: cannot write to stdout: No space left on device"]
+    unopenable = encode_in_subprocess(good, "-o", out, "--log-file", str(tmp_path), "--json")
+    assert unopenable.returncode == 2 and unopenable.stderr.splitlines() == [
+        f"gemma4enc: error: --log-file {tmp_path}: Is a directory"], unopenable.stderr
+
+
+def test_sighup_is_an_interrupt_with_its_line_and_json(ckpt, tmp_path):
+    """A closed terminal or ssh session: saved, exit 130, the interrupted line and JSON, as SIGTERM."""
+    import shutil
+    import signal
+    import time
+
+    from .helpers import encode_argv, flags, photo
+
+    media = tmp_path / "media"
+    media.mkdir()
+    photo(1200, 1600).save(media / "p00.png")
+    for i in range(1, 30):  # long enough to be stopped half way
+        shutil.copy(media / "p00.png", media / f"p{i:02d}.png")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(encode_argv(media, "--model", ckpt, *flags(shard_size=1, workers=1), "-o", out),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "manifest.jsonl").exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "gemma4enc: interrupted: finished files are saved, re-run to resume" in stderr, (
+        proc.returncode, stderr)
+    assert json.loads(stdout)["exit_code"] == 130

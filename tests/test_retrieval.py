@@ -109,3 +109,26 @@ def test_without_stored_pooled_vectors_the_means_are_computed(folder, ckpt):
     paths, matrix = gemma4enc.open(root / "bare").pooled_matrix()
     _, stored = gemma4enc.open(root / "out").pooled_matrix()
     assert np.allclose(matrix, stored, atol=1e-6)
+
+
+def test_the_numpy_reader_gives_the_same_matrix_and_model_inputs(folder, ckpt, monkeypatch):
+    """framework="numpy": pooled_matrix without torch's reader (stored vectors, computed means,
+    per frame), and mm_encoder_outputs as the torch reader's, value for value."""
+    root, media, _ = folder
+    encode(media, root / "bare-np", ckpt, "--no-pooled")
+    for out in (root / "out", root / "bare-np"):
+        torch_reader, numpy_reader = gemma4enc.open(out), gemma4enc.open(out, framework="numpy")
+        for per_frame in (False, True):
+            keys, matrix = torch_reader.pooled_matrix(per_frame=per_frame)
+            np_keys, np_matrix = numpy_reader.pooled_matrix(per_frame=per_frame)
+            assert np_keys == keys and np_matrix.dtype == np.float32 and np.allclose(np_matrix, matrix, atol=1e-6)
+        assert numpy_reader.pooled_matrix(window=2)[0] == torch_reader.pooled_matrix()[0]  # rows read two at a time
+        assert np.array_equal(numpy_reader.pooled_matrix(window=2)[1], numpy_reader.pooled_matrix()[1])
+    paths = [media / "p0.png", media / "clip.mp4"]
+    want = gemma4enc.open(root / "out").mm_encoder_outputs(paths)
+    got = gemma4enc.open(root / "out", framework="numpy").mm_encoder_outputs(paths)
+    assert [(m.path, m.kind, m.frame_tokens, m.timestamps) for m in got.media] == [
+        (m.path, m.kind, m.frame_tokens, m.timestamps) for m in want.media]
+    for kind in ("image", "video"):
+        pairs = zip(got.mm_encoder_outputs[kind].pooler_output, want.mm_encoder_outputs[kind].pooler_output)
+        assert all(torch.equal(a, b) for a, b in pairs)

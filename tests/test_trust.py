@@ -319,6 +319,34 @@ def test_plan_reads_the_width_takes_the_sampling_flags_and_warns(pics, ckpt, tmp
     assert missing.exit_code == 0 and f"warning: {tmp_path / 'typo'}: no such file or folder" in missing.stderr
 
 
+def test_plan_into_out_uses_the_settings_out_records(pics, ckpt, tmp_path):
+    """plan -o OUT without flags plans what encode -o OUT without flags then does (OUT's budgets, sampling, width)."""
+    from gemma4enc.dev.demo import write_video
+    from gemma4enc.model import find_checkpoint
+
+    media = tmp_path / "media"
+    shutil.copytree(pics, media)
+    out = tmp_path / "out"
+    first = encode([media, "-o", out, "--model", ckpt, *flags(max_soft_tokens=70, video_soft_tokens=140, frames=3,
+                                                              out_dtype="float16")])
+    assert first.exit_code == 0, first.output
+    write_video(media / "clip.mp4", frames=30)
+    photo(90, 60, seed=7).save(media / "new.png")
+    plan = RUN.invoke(app, ["plan", str(media), "-o", str(out), "--json"])
+    assert plan.exit_code == 0, plan.output
+    report = json.loads(plan.stdout)
+    again = encode([media, "-o", out, "--device", "cpu", "--json", "-q"])
+    assert again.exit_code == 0, again.output
+    summary = json.loads(again.stdout)
+    assert summary["encoded"] == 2 and report["tower_items"] == summary["frames"] == 1 + 3
+    assert report["tokens"] == summary["tokens"] and report["done_before"] == 3
+    width = find_checkpoint(str(ckpt)).config.text_config.hidden_size
+    assert report["output_bytes"] == report["tokens"] * width * 2  # float16, OUT's width
+    given = json.loads(RUN.invoke(app, ["plan", str(media), "-o", str(out), "--max-soft-tokens", "280",
+                                        "--hidden-size", "8", "--json"]).stdout)
+    assert given["output_bytes"] == given["tokens"] * 8 * 2  # what is given wins
+
+
 def test_a_moved_folder_is_not_encoded_again(pics, ckpt, tmp_path):
     import torch
 

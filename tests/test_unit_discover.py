@@ -214,3 +214,39 @@ def test_a_file_cut_after_its_magic_is_still_what_it_claims(tmp_path):
     Image.new("RGB", (4, 4)).save(buf, "PNG")
     (tmp_path / "cut.bin").write_bytes(buf.getvalue()[:SNIFF_BYTES])
     assert look(str(tmp_path / "cut.bin")).kind == "image"
+
+
+def test_globs_ignore_case_and_exclude_takes_a_folder_by_name(tmp_path):
+    root = tmp_path / "m"
+    for rel in ("IMG_0001.JPG", "img_0002.jpg", "cache/x.jpg", "a/cache/y.png", "a/Tmp/z.png", "a/keep.png"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        photo(8, 8).save(root / rel, "JPEG" if rel.lower().endswith("jpg") else "PNG")
+    names = lambda **kw: [os.path.relpath(i.path, root) for i in discover([str(root)], **kw)[0]]  # noqa: E731
+    assert names(include=["*.jpg"]) == ["IMG_0001.JPG", "cache/x.jpg", "img_0002.jpg"]
+    assert names(include=["*.JPG"], exclude=["cache"]) == ["IMG_0001.JPG", "img_0002.jpg"]
+    assert names(exclude=["cache/", "tmp"]) == ["IMG_0001.JPG", "a/keep.png", "img_0002.jpg"]
+    assert names(exclude=["a/cache"]) == ["IMG_0001.JPG", "a/Tmp/z.png", "a/keep.png", "cache/x.jpg", "img_0002.jpg"]
+
+
+def test_a_root_and_a_symlink_to_it_give_each_file_once(tmp_path):
+    root = media_tree(tmp_path / "m")
+    (tmp_path / "link").symlink_to(root)
+    once = discover([str(root)])[0]
+    both = discover([str(root), str(tmp_path / "link")])[0]
+    assert [i.path for i in both] == [i.path for i in once]
+    nested = discover([str(root), str(root / "sub")])[0]  # a root inside another: also once
+    assert [i.path for i in nested] == [i.path for i in once]
+
+
+def test_a_file_list_that_is_not_utf8_is_read_as_names(tmp_path, monkeypatch):
+    root = media_tree(tmp_path / "m")
+    latin1 = os.fsencode(root) + b"/caf\xe9.png"
+    with open(latin1, "wb") as f:
+        photo(8, 8).save(f, "PNG")
+    listing = tmp_path / "list"
+    listing.write_bytes(latin1 + b"\n" + os.fsencode(root / "a.jpg") + b"\n")
+    items, _ = discover([], files_from=str(listing))
+    assert [i.path for i in items] == sorted([os.fsdecode(latin1), str(root / "a.jpg")])
+    assert all(not i.error and i.kind == "image" for i in items)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(listing.read_bytes()), encoding="utf-8"))
+    assert [i.path for i in discover([], files_from="-")[0]] == [i.path for i in items]

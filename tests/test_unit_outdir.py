@@ -101,6 +101,7 @@ def test_a_file_under_a_moved_root_adopts_its_row(media, tmp_path):
     shutil.copytree(media, old, copy_function=shutil.copy2)  # copy2 keeps the mtimes, as a move does
     append_rows(out, [row_for(old / n, root=str(old), rel=n, shard="shard-000004.safetensors", index=i, tokens=9)
                       for i, n in enumerate(("a.png", "b.png"))])
+    shutil.rmtree(old)  # moved: the old path is gone
     (media / "b.png").write_bytes((media / "b.png").read_bytes() + b"\0")  # changed while it moved
     items = [i for i in discover([str(media)])[0] if os.path.basename(i.path) in ("a.png", "b.png")]
     assert names(still_to_do(items, out, Options())) == ["b.png"]
@@ -109,6 +110,46 @@ def test_a_file_under_a_moved_root_adopts_its_row(media, tmp_path):
     assert {k: adopted[0][k] for k in ("path", "root", "rel", "shard", "index", "tokens")} == {
         "path": str(media / "a.png"), "root": str(media), "rel": "a.png", "shard": "shard-000004.safetensors",
         "index": 0, "tokens": 9}
+
+
+def test_a_split_beside_another_keeps_its_own_rows(tmp_path):
+    """Two dataset splits from one archive: same names, sizes and mtimes, other content. The
+    second is not a moved first (the first is still there): only equal content (--hash) adopts."""
+    out = tmp_path / "out"
+    out.mkdir()
+    train, val = tmp_path / "data" / "train", tmp_path / "data" / "val"
+    train.mkdir(parents=True)
+    val.mkdir()
+    for i, name in enumerate(("f0.ppm", "f1.ppm", "f2.ppm")):  # fixed-size frames: every size is the same
+        photo(16, 12, seed=i).save(train / name)
+        photo(16, 12, seed=10 + i if name != "f2.ppm" else i).save(val / name)  # f2: the same picture in both
+        for p in (train / name, val / name):
+            os.utime(p, ns=(10**18, 10**18))
+    assert (train / "f0.ppm").read_bytes() != (val / "f0.ppm").read_bytes()
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    append_rows(out, [row_for(train / n, root=str(train), rel=n, shard="shard-000000.safetensors", index=i,
+                              tokens=9, sha256=digest(train / n))
+                      for i, n in enumerate(("f0.ppm", "f1.ppm", "f2.ppm"))])
+    items = discover([str(val)])[0]
+    assert [i.rel for i in items] == ["f0.ppm", "f1.ppm", "f2.ppm"]
+    assert names(still_to_do(items, out, Options())) == ["f0.ppm", "f1.ppm", "f2.ppm"]
+    assert len(manifest(out)) == 3  # nothing adopted
+    assert names(still_to_do(items, out, Options(hash=True))) == ["f0.ppm", "f1.ppm"]
+    adopted = manifest(out)[3:]
+    assert [(r["path"], r["index"], r["sha256"]) for r in adopted] == [(str(val / "f2.ppm"), 2, digest(val / "f2.ppm"))]
+
+
+def test_a_root_reached_through_a_symlink_adopts_its_rows(media, tmp_path):
+    """The same files under another name (a root given through a link): their rows are theirs."""
+    out = tmp_path / "out"
+    out.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(media)
+    append_rows(out, [row_for(media / "a.png", root=str(media), rel="a.png", shard="shard-000000.safetensors",
+                              index=0, tokens=9)])
+    items = [i for i in discover([str(link)])[0] if os.path.basename(i.path) == "a.png"]
+    assert still_to_do(items, out, Options()) == []
+    assert manifest(out)[1]["path"] == str(link / "a.png")
 
 
 def test_discovery_keeps_only_what_is_left_to_do_and_counts_the_rest(media, tmp_path):

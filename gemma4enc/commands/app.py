@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import sys
 import traceback
 from functools import partial
 from typing import Annotated
@@ -50,6 +53,8 @@ EXIT_BUG = 70  # an exception we did not foresee (sysexits' EX_SOFTWARE): a bug 
 
 
 DEBUG = "GEMMA4ENC_DEBUG"  # =1: print the traceback of such an exception too
+# a write that failed for want of room or a device (stdout or --log-file on a full disk): exit 4
+UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
 
 
 def exit_for(error: BaseException, command: str) -> tuple[int, str, str]:
@@ -57,6 +62,9 @@ def exit_for(error: BaseException, command: str) -> tuple[int, str, str]:
     code = next((c for kind, c in EXIT_CODES.items() if isinstance(error, kind)), EXIT_BUG)
     if code == 130:
         return code, "interrupted", "finished files are saved, re-run to resume" if command == "encode" else ""
+    if code == EXIT_BUG and isinstance(error, OSError) and error.errno in UNWRITABLE:
+        where = error.filename or "stdout"  # the report a command prints: stdout is the one without a name
+        return 4, "error", f"cannot write to {where}: {error.strerror or error}"
     if code == EXIT_BUG:
         first = (str(error).splitlines() or [""])[0]
         return code, "internal error", f"{type(error).__name__}: {first} (a bug; {DEBUG}=1 shows the traceback)"
@@ -94,14 +102,31 @@ class Command(TyperCommand):
             code, kind, message = exit_for(e, ctx.info_name)
             if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
                 traceback.print_exc()
-            typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True)
+            _say(lambda: typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True))
+            if isinstance(e, OSError) and code == 4 and not e.filename:
+                _silence(sys.stdout)  # stdout is what failed: its JSON cannot be given either
             _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)
             raise typer.Exit(code) from None
 
 
 def _json_error(wanted: bool, message: str, code: int) -> None:
     if wanted:
-        typer.echo(json.dumps({"error": message, "exit_code": code}))
+        _say(lambda: typer.echo(json.dumps({"error": message, "exit_code": code})))
+
+
+def _say(write) -> None:
+    """A last word that may itself not fit (stdout on a full disk): the exit code still tells."""
+    try:
+        write()
+    except OSError:
+        _silence(sys.stdout)
+        _silence(sys.stderr)
+
+
+def _silence(stream) -> None:
+    """Point a stream that cannot be written at /dev/null: what it still buffers would fail again at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 command = partial(app.command, cls=Command)

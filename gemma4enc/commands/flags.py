@@ -34,7 +34,7 @@ Backend = Annotated[
     str, Opt("--video-backend", help="auto (PyAV, decord where it cannot), decord or pyav.")
 ]
 Seek = Annotated[
-    str, Opt("--seek", help="exact (the frames asked for) or keyframe (the nearest keyframes).")
+    str, Opt("--seek", help="exact, keyframe, or nearest[:SECONDS] (a keyframe within a bound).")
 ]
 Batching = Annotated[str, Opt(help="auto, serial, bucket (same patch count) or pack (any size).")]
 MemFraction = Annotated[
@@ -59,10 +59,10 @@ Null = Annotated[
     bool, Opt("--null", "-0", help="--files-from names end in NUL bytes (find -print0).")
 ]
 Include = Annotated[
-    Optional[list[str]], Opt("--include", help="Only paths matching this glob (repeatable).")
+    Optional[list[str]], Opt("--include", help="Only paths matching this glob, in any case (repeatable).")
 ]
 Exclude = Annotated[
-    Optional[list[str]], Opt("--exclude", help="Skip paths matching this glob (repeatable).")
+    Optional[list[str]], Opt("--exclude", help="Skip paths, or folders, matching this glob, in any case.")
 ]
 Hidden = Annotated[bool, Opt("--hidden", help="Also walk hidden files and folders.")]
 MaxPixels = Annotated[int, Opt("--max-image-pixels", help="Refuse larger images (0 = no limit).")]

@@ -16,8 +16,13 @@ class Sink:
     """stderr unless quiet, and every line, timestamped, in the --log-file (opened for appending)."""
 
     def __init__(self, quiet: bool = False, path=None):
-        self.quiet = quiet
-        self.file = open(path, "a", encoding="utf-8", errors="backslashreplace") if path else None
+        self.quiet, self.path = quiet, path
+        try:
+            self.file = open(path, "a", encoding="utf-8", errors="backslashreplace") if path else None
+        except OSError as e:
+            from ..errors import UsageError
+
+            raise UsageError(f"--log-file {path}: {e.strerror or e}") from None
 
     def __call__(self, text: str, stamp: bool = False, error: bool = False, screen: bool = True) -> None:
         """One line; errors reach stderr even when quiet; screen=False: the log file only."""
@@ -25,13 +30,23 @@ class Sink:
         if error or (screen and not self.quiet):
             print(f"{now} {text}" if stamp else text, file=sys.stderr, flush=True)
         if self.file:
-            self.file.write(f"{now} {text}\n")
-            self.file.flush()
+            try:
+                self.file.write(f"{now} {text}\n")
+                self.file.flush()
+            except OSError as e:  # a full disk: the run goes on, the log says no more
+                self._drop(e)
+
+    def _drop(self, e: OSError) -> None:
+        self.close()
+        with contextlib.suppress(OSError):
+            print(f"gemma4enc: warning: --log-file {self.path}: {e.strerror or e}; it gets no more lines",
+                  file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self.file:
-            self.file.close()
-            self.file = None
+        file, self.file = self.file, None
+        if file:
+            with contextlib.suppress(OSError):  # its last lines did not fit: said when they were written
+                file.close()
 
 
 class Forward(logging.Handler):

@@ -129,7 +129,9 @@ def encode(
                  workers=workers, decode_timeout=decode_timeout or None, flush_seconds=flush_seconds,
                  hash=content_hash, retry_failed=retry_failed, max_failures=max_failures, engine=engine,
                  ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # cron and schedulers stop us with SIGTERM
+    # cron and schedulers stop us with SIGTERM, a closed terminal or ssh session with SIGHUP
+    stops = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, _interrupt) for sig in stops}
     try:
         from ..run.encode import (
             encode as run_encode,  # torch only later, once the flags are known good
@@ -146,7 +148,8 @@ def encode(
             say(f"gemma4enc: {kind}: {message}", screen=False)
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)  # the work is saved; a late SIGTERM just ends us
+        for sig, handler in previous.items():  # the work is saved; a late signal just ends us
+            signal.signal(sig, handler)
         say.close()
     if json_out:
         typer.echo(json.dumps(report, indent=2))

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
-from ..options import Sampling
+from ..options import Sampling, seek_bound
 from ..rows import Status
+from . import videoindex
 from .discover import SNIFF_BYTES, sniff
 from .patches import Fitted, target_size
 
@@ -150,6 +151,10 @@ def _fitted(image: Image.Image, budget: int) -> tuple[Fitted, tuple[int, int]]:
     want = (th, tw) if turned else (tw, th)  # the target as stored: (width, height)
     drafted = image.draft("RGB", want)  # JPEG only (None elsewhere); picks a scale ≥ want
     image.load()  # lazy open: a truncated file fails here, inside the caller's try
+    if orientation != 1 and image.getexif().get(0x0112, 1) == 1:  # the loader turned it itself (TIFF)
+        orientation, (width, height) = 1, image.size  # so it is upright, full size: no draft here
+        th, tw = target_size(height, width, budget)
+        want, stored_w, stored_h = (tw, th), width, height
     decoded = image.size
     box = drafted[1] if drafted else (0, 0, stored_w, stored_h)
     rgb = to_rgb(image)
@@ -198,49 +203,70 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str 
 
     Frame n is the n-th frame in presentation (pts) order. Packets are decoded one by one so
     a corrupt packet loses its frames, not the rest of the file. seek="keyframe": each sample
-    moves to the nearest keyframe, and only keyframes are decoded.
+    moves to the nearest keyframe, and only keyframes are decoded. A sampled frame the seeks
+    did not deliver is looked for once more in one pass from the file's start, without seeking;
+    what still fails is listed in info["missing"]. A stream that ends before its header says
+    is sampled from the frames it has, with info["truncated"].
     """
     import av
 
     with av.open(path) as container:
         if not container.streams.video:
             raise DecodeError(Status.NO_VIDEO_STREAM, "the file has no video stream")
-        stream = container.streams.video[0]
-        stream.thread_count = THREADS  # 1: workers decode in parallel, threads inside them only contend
-        if THREADS > 1:  # the tail of a run: cores are idle (workers.py sets THREADS)
-            stream.thread_type = "AUTO"
-        pts, keyframes = [], []
-        for packet in container.demux(stream):
-            if packet.pts is not None and packet.size:
-                pts.append(packet.pts)
-                if packet.is_keyframe:
-                    keyframes.append(packet.pts)
-        if not pts:
+        stream = _configured(container)
+        index = videoindex.scan(container, stream)
+        order = index.order
+        if not len(order):
             raise DecodeError(Status.EMPTY, "the video stream has no frames")
-        order = np.array(sorted(pts))
         base = stream.start_time if stream.start_time is not None else int(order[0])
+        fps = float(stream.average_rate or 0)
         times = (order - base) * float(stream.time_base)
-        keyframes = sorted(keyframes)
-        wanted = sampling.indices(len(order), times)
-        if seek == "keyframe":
-            wanted = snap_to_keyframes(wanted, np.searchsorted(order, keyframes).tolist())
+        if index.by_count:  # no pts to number the frames by: the n-th decoded is frame n
+            times = np.arange(index.packets) / (fps or 30.0)
+        wanted = sampling.indices(len(times), times)
+        if seek == "keyframe" and not index.by_count:
+            wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
+        elif seek_bound(seek) and not index.by_count:
+            wanted = snap_within(wanted, np.searchsorted(order, index.keyframes).tolist(), times, seek_bound(seek))
         size: list[tuple[int, int]] = []
-        got = _pyav_frames(container, stream, order, keyframes, wanted, transform, size, seek == "keyframe")
+        got = {} if index.by_count else _pyav_frames(container, stream, index, wanted, transform, size,
+                                                      seek == "keyframe")
+        codec = stream.codec_context.name
+    if index.by_count:  # from the very start, in a fresh demuxer: the count must begin at frame 0
+        with av.open(path) as container:
+            got = _counted_frames(container, _configured(container), wanted, transform, size)
+    missing = [i for i in wanted if i not in got]
+    if missing and not index.by_count:  # the seeks found no way to them: one pass from the start
+        with av.open(path) as container:
+            got |= _pyav_frames(container, _configured(container), index, missing, transform, size,
+                                seek == "keyframe", sequential=True)
+        missing = [i for i in wanted if i not in got]
     if not got:
         raise DecodeError(Status.DECODE_ERROR, "no sampled frame could be decoded")
     indices = sorted(got)
-    info = {"backend": "pyav", "codec": stream.codec_context.name, "total_frames": len(order),
-            "fps": float(stream.average_rate or 0), "duration": float(times[-1]),
-            "missing_frames": len(wanted) - len(indices), "height": size[0][0], "width": size[0][1]}
+    info = {"backend": "pyav", "codec": codec, "total_frames": len(times), "fps": fps,
+            "duration": float(times[-1]), "missing": missing, "truncated": index.truncated,
+            "height": size[0][0], "width": size[0][1]}
     return Frames(images=[got[i] for i in indices], indices=indices,
                   timestamps=[round(float(times[i]), 6) for i in indices], info=info)
 
 
-def _pyav_frames(container, stream, order, keyframes, wanted, transform, size, keys_only=False) -> dict[int, object]:
+def _configured(container):
+    stream = container.streams.video[0]
+    stream.thread_count = THREADS  # 1: workers decode in parallel, threads inside them only contend
+    if THREADS > 1:  # the tail of a run: cores are idle (workers.py sets THREADS)
+        stream.thread_type = "AUTO"
+    return stream
+
+
+def _pyav_frames(container, stream, index, wanted, transform, size, keys_only=False,
+                 sequential=False) -> dict[int, object]:
     """Frame number -> transform(RGB array) for each wanted frame that decodes; size gets (h, w).
 
     keys_only: every wanted frame is a keyframe, so every other packet may be skipped.
+    sequential: one pass from where the container stands, never seeking.
     """
+    order, keyframes = index.order, index.keyframes
     index_of = {int(p): i for i, p in enumerate(order)}
     pending = deque(int(order[i]) for i in wanted)  # target pts, rising
     targets = set(pending)
@@ -252,9 +278,10 @@ def _pyav_frames(container, stream, order, keyframes, wanted, transform, size, k
     frames, position = None, None  # the decoding run in progress and the pts it reached
     while pending:
         key = _keyframe_before(keyframes, pending[0])
-        if frames is None or key > position:  # next target lies past the next keyframe: seek
-            container.seek(key, stream=stream, backward=True)
-            frames = _decoded(container, stream, skip, skip_mode)
+        if frames is None or (not sequential and key > position):  # next target lies past the next keyframe
+            packets = None if sequential or key not in index.rank else videoindex.packets_from(
+                container, stream, index, key)
+            frames = _decoded(container, stream, skip, skip_mode, packets)
         for frame in frames:
             position = frame.pts
             while pending and pending[0] < position:  # its packet was corrupt: lost
@@ -264,11 +291,61 @@ def _pyav_frames(container, stream, order, keyframes, wanted, transform, size, k
                 size.append(rgb.shape[:2])
                 got[index_of[position]] = transform(rgb)  # one full-size frame in memory at a time
                 pending.popleft()
-            if not pending or _keyframe_before(keyframes, pending[0]) > position:
+            if not pending or (not sequential and _keyframe_before(keyframes, pending[0]) > position):
                 break
         else:
             break  # end of stream: the rest cannot be found
     return got
+
+
+def _counted_frames(container, stream, wanted, transform, size) -> dict[int, object]:
+    """Frame number -> transform(RGB array), numbering the frames as the decoder gives them, from the start."""
+    import av
+
+    pending, got, n = set(wanted), {}, 0
+    last = max(wanted, default=-1)
+
+    def frames():
+        for packet in container.demux(stream):
+            try:
+                yield from packet.decode()  # the flush packet at the end gives the last frames
+            except av.error.InvalidDataError:
+                continue
+
+    for frame in frames():
+        if n in pending:
+            rgb = _apply_rotation(frame.to_ndarray(format="rgb24"), frame.rotation)
+            size.append(rgb.shape[:2])
+            got[n] = transform(rgb)
+        n += 1
+        if n > last:
+            break
+    return got
+
+
+
+
+def snap_within(wanted: list[int], keys: list[int], times, bound: float) -> list[int]:
+    """--seek nearest: each sample moved to its nearest keyframe where that is at most `bound`
+    seconds away and a quarter of the spacing between samples (so samples stay apart and in
+    order), and not taken by another sample; every other sample stays the frame asked for."""
+    if not keys or not wanted:
+        return list(wanted)
+    spacing = (float(times[wanted[-1]]) - float(times[wanted[0]])) / max(len(wanted) - 1, 1)
+    tau = min(bound, spacing / 4) if len(wanted) > 1 else bound
+    key_times = [float(times[k]) for k in keys]
+    taken, out = set(), []
+    for i in wanted:
+        t = float(times[i])
+        at = bisect.bisect_left(key_times, t)
+        near = min((j for j in (at - 1, at) if 0 <= j < len(keys)), key=lambda j: (abs(key_times[j] - t), j))
+        k = keys[near]
+        if abs(key_times[near] - t) <= tau + 1e-9 and k not in taken and k not in wanted:
+            out.append(k)
+            taken.add(k)
+        else:
+            out.append(i)
+    return sorted(set(out))
 
 
 def snap_to_keyframes(wanted: list[int], keys: list[int]) -> list[int]:
@@ -288,7 +365,7 @@ def _keyframe_before(keyframes: list[int], pts: int) -> int:
     return keyframes[max(i, 0)] if keyframes else pts
 
 
-def _decoded(container, stream, skip=None, skip_mode="NONREF"):
+def _decoded(container, stream, skip=None, skip_mode="NONREF", packets=None):
     """Frames in presentation order, packet by packet, skipping packets that fail to decode.
 
     `skip(packet)` True: its frame is not wanted, so the decoder may drop it unless another
@@ -299,7 +376,7 @@ def _decoded(container, stream, skip=None, skip_mode="NONREF"):
     import av
 
     context = stream.codec_context
-    for packet in container.demux(stream):
+    for packet in container.demux(stream) if packets is None else packets:
         if skip is not None:
             context.skip_frame = skip_mode if packet.pts is not None and skip(packet) else "DEFAULT"
         try:
@@ -326,6 +403,8 @@ def decode_video_decord(path: str, sampling: Sampling, transform=_same, seek: st
     wanted = sampling.indices(total, times)
     if seek == "keyframe":
         wanted = snap_to_keyframes(wanted, sorted(int(k) for k in reader.get_key_indices()))
+    elif seek_bound(seek):
+        wanted = snap_within(wanted, sorted(int(k) for k in reader.get_key_indices()), times, seek_bound(seek))
     images = []
     for at in range(0, len(wanted), DECORD_CHUNK):
         try:

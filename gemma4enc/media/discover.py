@@ -14,9 +14,11 @@ from ..errors import UsageError
 from ..rows import Status
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
-              ".pgm", ".pbm", ".ico", ".tga"}
+              ".pgm", ".pbm", ".ico", ".tga", ".heic", ".heif", ".hif", ".apng", ".jxl"}
+# MPEG-TS has no magic bytes in its first 32 (a sync byte every 188 or, in .m2ts, 192): the name tells
 VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
-              ".wmv", ".3gp", ".ogv"}
+              ".wmv", ".3gp", ".ogv", ".m2ts", ".m2t", ".vob", ".mod", ".tod", ".3g2", ".f4v", ".asf", ".mxf",
+              ".dv", ".divx"}
 SNIFF_BYTES = 32
 
 
@@ -101,22 +103,36 @@ def _ext_kind(path: str) -> str:
 
 
 def _matches(rel: str, include: list[str], exclude: list[str]) -> bool:
+    """Globs on the path below its root or on the name, ignoring case (`*.jpg` takes `IMG_0001.JPG`);
+    an --exclude also drops everything under a folder it names (`--exclude cache`, `a/tmp`)."""
+    rel = rel.lower()
     name = os.path.basename(rel)
-    hit = lambda pats: any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(name, p) for p in pats)  # noqa: E731
-    return (not include or hit(include)) and not hit(exclude)
+    hit = lambda pats: any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(name, p) for p in pats)  # noqa: E731
+    if include and not hit([p.lower() for p in include]):
+        return False
+    if not exclude:
+        return True
+    folders = rel.split(os.sep)[:-1]
+    for p in (p.lower().rstrip(os.sep) for p in exclude):
+        if (fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(rel, p + os.sep + "*")
+                or any(fnmatch.fnmatchcase(folder, p) for folder in folders)):
+            return False
+    return True
 
 
 def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None = None,
-         skip: str | None = None) -> Iterable[str]:
+         skip: str | None = None, seen: set[tuple[int, int]] | None = None) -> Iterable[str]:
     """Every file under root (root itself if a file), following symlinks without loops.
 
     Folders that cannot be listed go to `errors` as (path, reason) instead of vanishing;
-    the folder `skip` (OUT, when it lies inside a root) is not entered.
+    the folder `skip` (OUT, when it lies inside a root) is not entered. `seen`: the folders
+    (device, inode) already walked, shared by the roots of one run, so that a root and a
+    symlink to it (or a root inside another) give each file once.
     """
     if not os.path.isdir(root):
         yield root
         return
-    seen: set[tuple[int, int]] = set()
+    seen = set() if seen is None else seen
     if skip and os.path.isdir(skip):
         st = os.stat(skip)
         seen.add((st.st_dev, st.st_ino))
@@ -136,14 +152,16 @@ def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None =
 
 def _listed(files_from: str, null: bool = False) -> list[str]:
     """--files-from: one path a line, or NUL-ended names with `null` ('-' = stdin)."""
-    try:
-        if null:  # bytes: no newline translation, and names that are not UTF-8 survive
-            raw = sys.stdin.buffer.read() if files_from == "-" else open(files_from, "rb").read()
+    try:  # bytes: no newline translation, and names that are not UTF-8 survive (as os.listdir's do)
+        if files_from == "-":
+            raw = sys.stdin.buffer.read()
+        else:
+            with open(files_from, "rb") as f:
+                raw = f.read()
+        if null:
             return [os.fsdecode(name) for name in raw.split(b"\0") if name]
-        stream = sys.stdin if files_from == "-" else open(files_from, encoding="utf-8")
-        with stream:
-            return [line.rstrip("\n") for line in stream if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
+        return [os.fsdecode(line) for line in raw.split(b"\n") if line.strip()]
+    except OSError as e:
         raise UsageError(f"--files-from {files_from}: {getattr(e, 'strerror', None) or e}") from None
 
 
@@ -171,10 +189,11 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     for root in roots:
         if not os.path.lexists(root):  # a typo on the command line, not a file that vanished: say so now
             raise UsageError(f"{root}: no such file or folder")
+    seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
     for root in [*roots, *listed]:
         if os.path.isdir(root):
             root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
-            walked.append(_below(root, walk(root, hidden, unlisted, skip=out)))
+            walked.append(_below(root, walk(root, hidden, unlisted, skip=out, seen=seen)))
         else:
             named.append(root)
     items: dict[str, Item] = {}

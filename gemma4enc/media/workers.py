@@ -60,6 +60,10 @@ def prepare(item: Item, options: Options) -> Decoded:
         if item.kind == "video":
             video = {"frame_indices": frames.indices, "timestamps": frames.timestamps,
                      **{k: frames.info[k] for k in ("fps", "duration", "total_frames", "backend") if k in frames.info}}
+            if frames.info.get("truncated"):  # a cut file: sampled from the frames it has
+                video["truncated"] = True
+            if frames.info.get("missing"):  # asked for, not decodable: the row says which
+                video["missing_frames"] = frames.info["missing"]
         return Decoded(item, frames.images, int(frames.info["width"]), int(frames.info["height"]), video, digest)
     except DecodeError as e:
         if not os.path.exists(item.path):  # decoders word a vanished file as a corrupt one

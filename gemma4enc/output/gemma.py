@@ -163,7 +163,7 @@ def model_inputs(emb, paths, device=None, dtype=None, model=None) -> ModelInputs
         dtype = model.dtype if dtype is None else dtype
     media, outputs = [], {"image": [], "video": []}
     for path, row in zip(paths, rows):
-        frames = [f.to(device=device, dtype=dtype) for f in emb.frames(path)]
+        frames = [torch.as_tensor(f).to(device=device, dtype=dtype) for f in emb.frames(path)]  # numpy reader too
         kind = "video" if row["kind"] == "video" else "image"
         media.append(Media(row["path"], kind, [f.shape[0] for f in frames],
                            _timestamps(row) if kind == "video" else []))

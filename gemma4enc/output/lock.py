@@ -30,7 +30,10 @@ class Lock:
         import fcntl
 
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:  # read-only, another user's, gone: a folder this run cannot use
+                raise UsageError(f"cannot write to {self.path.parent}: {e.strerror or e}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -121,7 +121,8 @@ class _RowsView(Mapping):
 
 
 class NumpyEmbeddings(Rows):
-    """As shards.Embeddings (`emb[path]`, `frames`, `pooled`, `row`), with numpy float32 arrays."""
+    """As shards.Embeddings (`emb[path]`, `frames`, `pooled`, `row`, `pooled_matrix`), with numpy
+    float32 arrays; `mm_encoder_outputs` hands Gemma 4 torch tensors, so it alone needs torch."""
 
     def __init__(self, out: str | os.PathLike):
         self._open(out)
@@ -153,3 +154,49 @@ class NumpyEmbeddings(Rows):
         if "pooled" not in shard:
             raise KeyError(f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)")
         return shard.rows("pooled", row["index"], row["index"] + 1)[0]
+
+    def pooled_matrix(self, per_frame: bool = False, window: int = 1 << 16):
+        """(keys, (N, D) float32) as shards.Embeddings.pooled_matrix gives, without torch: one row
+        per file (its latest) in manifest order; with per_frame, one per sampled video frame."""
+        keys, by_shard = [], {}
+        for path, row in self.ok_rows():
+            frames = per_frame and row["kind"] == "video"
+            by_shard.setdefault(row["shard"], []).append((row["index"], len(keys), frames))
+            keys += [(path, k) for k in range(row["frames"])] if frames else [(path, 0) if per_frame else path]
+        matrix = None
+        for name, members in by_shard.items():
+            shard = Shard(self.out / name)
+            if matrix is None:
+                matrix = np.empty((len(keys), shard.header["tokens"]["shape"][1]), np.float32)
+            pooled = "pooled" in shard
+            stored = sorted((i, pos) for i, pos, frames in members if pooled and not frames)
+            for at in range(0, len(stored), window):  # windows of rows, read in one piece each
+                run = stored[at: at + window]
+                block = shard.rows("pooled", run[0][0], run[-1][0] + 1)
+                for i, pos in run:
+                    matrix[pos] = block[i - run[0][0]]
+            for i, pos, frames in members:
+                if frames or not pooled:  # per frame, or a folder written with --no-pooled
+                    matrix[pos: pos + (self._frame_count(shard, i) if frames else 1)] = self._means(shard, i, frames)
+        return keys, matrix if matrix is not None else np.empty((0, 0), np.float32)
+
+    @staticmethod
+    def _frame_count(shard: Shard, index: int) -> int:
+        a, b = shard.rows("item_frames", index, index + 2).tolist()
+        return b - a
+
+    @staticmethod
+    def _means(shard: Shard, index: int, per_frame: bool) -> np.ndarray:
+        lo, hi = shard.rows("item_offsets", index, index + 2).tolist()
+        tokens = shard.rows("tokens", lo, hi)
+        if not per_frame:
+            return tokens.mean(0, keepdims=True)
+        a, b = shard.rows("item_frames", index, index + 2).tolist()
+        offsets = (shard.rows("frame_offsets", a, b + 1) - lo).tolist()
+        return np.stack([tokens[s:e].mean(0) for s, e in zip(offsets[:-1], offsets[1:])])
+
+    def mm_encoder_outputs(self, paths, device=None, dtype=None, model=None):
+        """As shards.Embeddings.mm_encoder_outputs: torch tensors for Gemma 4's generate (needs torch)."""
+        from .gemma import model_inputs
+
+        return model_inputs(self, paths, device, dtype, model)

@@ -75,7 +75,13 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dic
 
 
 def write_settings(out: Path, options: Options, extra: dict | None = None) -> None:
-    """Record the settings (once: a later run only checks them)."""
+    """Record the settings (once: a later run only checks them), beside a manifest.
+
+    An empty manifest is created with them: a run over an empty drop folder leaves an OUT that
+    verify, inspect and open() read as a folder of no files, not as something else.
+    """
+    with open(out / MANIFEST, "ab"):  # appends nothing: creates it where missing, keeps it where not
+        pass
     path = out / SETTINGS
     if not path.exists():
         mine = settings_of(options, extra)

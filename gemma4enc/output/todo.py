@@ -73,7 +73,8 @@ def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger |
     Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
     only touched (same sha256) keeps its tokens and gets a refreshed row instead of a re-encode.
     A file with no row under its path but an ok row with its path relative to its root, size and
-    mtime (--hash: content) is the same file under a moved or remounted root: that row is adopted.
+    mtime is the same file under a moved or remounted root when the old path is gone (or is this
+    file), and its row is adopted; with --hash, a matching sha256 adopts it wherever the old one is.
     """
     ledger = ledger or Ledger.load(out)
     todo, refreshed = [], []
@@ -121,8 +122,25 @@ def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
             return None
     for path, entry in found:
         saved = ledger.digest(path)
-        same = saved == digest if digest and saved else entry.mtime_ns == item.mtime_ns
+        if digest and saved:
+            same = saved == digest  # the content decides, wherever the other file is
+        else:  # without a digest, same name, size and mtime say "the same file" only if it left its old path
+            same = entry.mtime_ns == item.mtime_ns and _moved_away(path, item.path)
         if same:
             moved = {"path": item.path, "root": item.root, "rel": item.rel, "mtime_ns": item.mtime_ns}
             return ledger.row(path) | moved | ({"sha256": digest} if digest else {})
     return None
+
+
+def _moved_away(old: str, new: str) -> bool:
+    """True when `old` is gone or is `new` under another name (a root reached through a symlink).
+
+    A file still at its old path is another file: two dataset splits extracted from one archive
+    share names, sizes and mtimes, and only their content tells them apart (--hash).
+    """
+    try:
+        return os.path.samefile(old, new)
+    except FileNotFoundError:
+        return True  # gone (or a broken link to where it was)
+    except OSError:
+        return False  # there but unreadable: not known to be gone
