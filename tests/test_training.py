@@ -270,3 +270,40 @@ def test_the_whole_file_is_checked_first(setup, media, tmp_path):
         training.Conversations(setup.emb, media / "bad.jsonl")
     good = training.Conversations(setup.emb, conversations(media), model=str(setup.ckpt))
     assert good.report.summary() == "3 examples, 5 media parts: every one has tokens in the OUT"
+
+
+def test_the_recipe_runs_as_written(tmp_path, monkeypatch):
+    """docs/training.md's code, against a tiny checkpoint at the hub id it names (a local folder
+    shadows it) and an OUT encoded with the defaults (bfloat16 tokens)."""
+    import re
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from gemma4enc.cli import app
+    from gemma4enc.demo import write_video
+
+    from .helpers import photo
+
+    doc = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    found = re.search(r"<!-- tested: training -->\n```python\n(.*?)\n```", doc, re.S)
+    assert found, "no '<!-- tested: training -->' code block in docs/training.md"
+    monkeypatch.chdir(tmp_path)
+    ckpt = gc.build(tmp_path / "google" / "gemma-4-E2B-it", "e2b", seed=5)
+    (tmp_path / "media").mkdir()
+    photo(240, 320, seed=1).save(tmp_path / "media" / "cat.jpg")
+    write_video(tmp_path / "media" / "clip.mp4", frames=24)
+    result = CliRunner().invoke(app, ["encode", "media", "-o", "embeddings", "--model", "google/gemma-4-E2B-it",
+                                      "--device", "cpu", "--workers", "0", "--frames", "3", "-q"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in doc.splitlines() if line.startswith('{"messages"')]
+    assert len(lines) == 2  # the file format's example, as the doc shows it
+    (tmp_path / "train.jsonl").write_text("\n".join(lines * 2) + "\n")
+    ns: dict = {}
+    exec(compile(found.group(1), "docs/training.md:training", "exec"), ns)
+    trainer, model = ns["trainer"], ns["model"]
+    assert trainer.state.global_step == 2 and model.dtype == torch.bfloat16
+    before = load(ckpt).to(torch.bfloat16).state_dict()
+    after = model.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in after if vision(k))
+    assert sum(not torch.equal(after[k], before[k]) for k in after if not vision(k)) > 10
