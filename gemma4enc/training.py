@@ -251,9 +251,15 @@ class Collator:
     processor's placeholders for the stored counts (video: per frame its mm:ss time); labels are
     the ids of what the assistant turns add and -100 elsewhere (prompt, soft tokens, padding).
     `model`: the tokens go onto its device and dtype (or `device` / `dtype`); keep `device="cpu"`
-    where a DataLoader's worker processes collate."""
+    where a DataLoader's worker processes collate. `out`: an OUT (or its reader) to read the media
+    of items that come without them, {"messages": …} rows of a `datasets.Dataset` (TRL's
+    SFTTrainer takes no other kind): their paths as they are, absolute or from the working folder."""
 
-    def __init__(self, processor, model=None, device=None, dtype=None, template_kwargs: dict | None = None):
+    def __init__(self, processor, model=None, device=None, dtype=None, template_kwargs: dict | None = None,
+                 out=None):
+        from . import open as open_out
+
+        self.emb = out if out is None or hasattr(out, "frames") else open_out(out)
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         if not getattr(self.tokenizer, "is_fast", False):
@@ -262,12 +268,17 @@ class Collator:
         self.dtype = dtype if dtype is not None else getattr(model, "dtype", None)
         self.template_kwargs = dict(template_kwargs or {})
 
+    def _read(self, messages: list[dict]) -> gemma.ModelInputs:
+        if self.emb is None:
+            raise ValueError("an item without its media: give Collator(out=…) the OUT to read them from")
+        return gemma.model_inputs(self.emb, [_source(part) for part in media_parts(messages)])
+
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                   **self.template_kwargs)
 
     def __call__(self, examples: list[dict]) -> dict:
-        inputs = merge([e["media"] for e in examples])
+        inputs = merge([e["media"] if "media" in e else self._read(e["messages"]) for e in examples])
         # each example cut where its trained spans start and end; the placeholders are expanded
         # piece by piece, in order, so the cuts move with the expansion
         pieces, trained, owner = [], [], []

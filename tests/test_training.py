@@ -24,6 +24,7 @@ TURN, END = "<|turn>model\n", "<turn|>\n"
 
 def conversations(media):
     a, b, clip = (str(media / n) for n in gc.PATHS)
+    turned = str(media / "turned.jpg")
     return [
         {"messages": [
             {"role": "user", "content": [{"type": "image", "path": a}, {"type": "text", "text": "What is it?"}]},
@@ -32,7 +33,7 @@ def conversations(media):
             {"role": "assistant", "content": "Yes, sure."}]},
         {"messages": [
             {"role": "user", "content": [{"type": "text", "text": "Compare"}, {"type": "image", "path": b},
-                                         {"type": "image", "path": a}]},
+                                         {"type": "image", "path": turned}]},
             {"role": "assistant", "content": "The left one is taller."}]},
         {"messages": [
             {"role": "system", "content": "Be short."},
@@ -64,18 +65,18 @@ def pixel_labels(tokenizer, ids, attention):
 
 
 class PixelCollator:
-    """What a transformers user writes: the chat template, then Gemma4Processor on the decoded
-    photos and sampled frames."""
+    """What a transformers user writes: the chat template, then Gemma4Processor on the photos as
+    transformers loads them (load_image: EXIF orientation applied, RGB) and the sampled frames."""
 
     def __init__(self, processor):
         self.processor = processor
 
     def __call__(self, examples):
-        from PIL import Image
+        from transformers.image_utils import load_image
 
         texts = [self.processor.apply_chat_template(e["messages"], tokenize=False) for e in examples]
         parts = [training.media_parts(e["messages"]) for e in examples]
-        images = [[Image.open(p["path"]).convert("RGB") for p in ps if p["type"] == "image"] for ps in parts]
+        images = [[load_image(p["path"]) for p in ps if p["type"] == "image"] for ps in parts]
         clips = [gc.video_frames(p["path"], FRAMES) for ps in parts for p in ps if p["type"] == "video"]
         extra = {"videos": [c[0] for c in clips], "video_metadata": [c[1] for c in clips]} if clips else {}
         batch = dict(self.processor(text=texts, images=images, add_special_tokens=False, padding=True,
@@ -88,7 +89,14 @@ class PixelCollator:
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
-    return gc.write_media(tmp_path_factory.mktemp("train-media"))
+    """gemma_client's media and a photo stored turned (EXIF orientation 6), as phones save them."""
+    from gemma4enc.camera import save_photo
+
+    from .helpers import photo
+
+    root = gc.write_media(tmp_path_factory.mktemp("train-media"))
+    save_photo(photo(240, 420, seed=3), root / "turned.jpg", orientation=6, quality=95)
+    return root
 
 
 def load(ckpt):
@@ -104,7 +112,7 @@ def setup(request, media, tmp_path_factory):
     kind = request.param
     folder = tmp_path_factory.mktemp(f"train-{kind}")
     ckpt = gc.build(folder / "ckpt", kind, seed=7)
-    emb = encode(media, folder / "out", ckpt, "--dtype", "float32", "--out-dtype", "float32")
+    emb = encode(media, folder / "out", ckpt, "--dtype", "float32", "--out-dtype", "float32", "--resize", "exact")
     model = load(ckpt)
     processor = gc.processor(IMAGE_TOKENS)
     examples = conversations(media)
@@ -261,7 +269,7 @@ def test_the_whole_file_is_checked_first(setup, media, tmp_path):
     assert f"{media / 'nowhere.png'}" in message and "1 failed (" in message and "broken.jpg: decode_error" in message
     assert "1 encoded with other settings (" in message and "clip.mp4: a video, the conversation says image" in message
     # the settings: what the model made them, and budgets pinned by the caller
-    with pytest.raises(training.TrainingDataError, match=r"3 encoded with other settings .*made with"):
+    with pytest.raises(training.TrainingDataError, match=r"4 encoded with other settings .*made with"):
         training.Conversations(setup.emb, conversations(media), model=gc.build(tmp_path / "other", setup.kind, 9))
     with pytest.raises(training.TrainingDataError, match="image_soft_tokens '140', want '280'"):
         training.Conversations(setup.emb, conversations(media), expect={"image_soft_tokens": 280})
@@ -307,3 +315,52 @@ def test_the_recipe_runs_as_written(tmp_path, monkeypatch):
     after = model.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in after if vision(k))
     assert sum(not torch.equal(after[k], before[k]) for k in after if not vision(k)) > 10
+
+
+def run_sft(ckpt, rows, collate, out):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    model = load(ckpt)
+    # bf16=False: SFTConfig turns autocast on by default, which would run the pixel path's tower in bfloat16
+    args = SFTConfig(out, per_device_train_batch_size=2, max_steps=3, learning_rate=1e-3, seed=0, optim="sgd",
+                     bf16=False, remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True},
+                     report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=collate.processor.tokenizer, data_collator=collate(model))
+    trainer.train()
+    assert trainer.state.global_step == 3
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_trl_sft_trainer_with_the_collator(setup, tmp_path):
+    """TRL's SFTTrainer takes a datasets.Dataset of the (checked) conversations and the collator,
+    which reads their media from the OUT: its steps are the ones it takes from the pixels."""
+    pytest.importorskip("trl")  # in the test extra; the optional way, so not a requirement
+
+    rows = [{"messages": [{**m, "content": m["content"] if isinstance(m["content"], list)
+                           else [{"type": "text", "text": m["content"]}]} for m in e["messages"]]}
+            for e in setup.data.examples]  # Arrow wants one type per column: content as parts everywhere
+    processor = setup.processor
+
+    class Stored:
+        def __init__(self):
+            self.processor = processor
+
+        def __call__(self, model):
+            return training.Collator(processor, model=model, out=setup.emb)
+
+    class Pixels(Stored):
+        def __call__(self, model):
+            return PixelCollator(processor)
+
+    stored = run_sft(setup.ckpt, rows, Stored(), tmp_path / "s")
+    pixels = run_sft(setup.ckpt, rows, Pixels(), tmp_path / "p")
+    start = {n: p.detach() for n, p in load(setup.ckpt).named_parameters()}
+    moved = 0
+    for name, want in pixels.items():
+        step = (want - start[name]).abs().max().item()
+        rounding = 2 * torch.finfo(torch.float32).eps * want.abs().max().item()
+        assert (stored[name] - want).abs().max().item() <= 1e-4 * step + rounding, name
+        moved += step > 0
+    assert moved > 10
