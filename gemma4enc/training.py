@@ -202,6 +202,14 @@ class Conversations(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
+    def as_dataset(self):
+        """A `datasets.Dataset` of the example numbers, for trainers that take no other kind (TRL's
+        SFTTrainer): `Collator(…, out=this)` turns each {"example": i} back into item i. The
+        messages stay out of Arrow, which would give every part every key and one type per field."""
+        from datasets import Dataset
+
+        return Dataset.from_dict({"example": list(range(len(self)))})
+
     def __getitem__(self, i: int) -> dict:
         example = self.examples[i]
         paths = [part["path"] for part in media_parts(example["messages"])]
@@ -251,15 +259,17 @@ class Collator:
     processor's placeholders for the stored counts (video: per frame its mm:ss time); labels are
     the ids of what the assistant turns add and -100 elsewhere (prompt, soft tokens, padding).
     `model`: the tokens go onto its device and dtype (or `device` / `dtype`); keep `device="cpu"`
-    where a DataLoader's worker processes collate. `out`: an OUT (or its reader) to read the media
-    of items that come without them, {"messages": …} rows of a `datasets.Dataset` (TRL's
-    SFTTrainer takes no other kind): their paths as they are, absolute or from the working folder."""
+    where a DataLoader's worker processes collate. `out`, for items that come without their media:
+    a `Conversations` turns {"example": i} into its item i (`Conversations.as_dataset`); an OUT (or
+    its reader) reads the media of {"messages": …} rows of your own `datasets.Dataset` by their
+    paths as they are, absolute or from the working folder (unchecked: `check` them first)."""
 
     def __init__(self, processor, model=None, device=None, dtype=None, template_kwargs: dict | None = None,
                  out=None):
         from . import open as open_out
 
-        self.emb = out if out is None or hasattr(out, "frames") else open_out(out)
+        self.source = out if isinstance(out, Conversations) else None
+        self.emb = out.emb if self.source else out if out is None or hasattr(out, "frames") else open_out(out)
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         if not getattr(self.tokenizer, "is_fast", False):
@@ -278,6 +288,8 @@ class Collator:
                                                   **self.template_kwargs)
 
     def __call__(self, examples: list[dict]) -> dict:
+        if self.source is not None:
+            examples = [self.source[e["example"]] if "example" in e else e for e in examples]
         inputs = merge([e["media"] if "media" in e else self._read(e["messages"]) for e in examples])
         # each example cut where its trained spans start and end; the placeholders are expanded
         # piece by piece, in order, so the cuts move with the expansion

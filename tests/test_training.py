@@ -312,9 +312,16 @@ def test_the_recipe_runs_as_written(tmp_path, monkeypatch):
     trainer, model = ns["trainer"], ns["model"]
     assert trainer.state.global_step == 2 and model.dtype == torch.bfloat16
     before = load(ckpt).to(torch.bfloat16).state_dict()
-    after = model.state_dict()
+    after = {k: v.clone() for k, v in model.state_dict().items()}
     assert all(torch.equal(after[k], before[k]) for k in after if vision(k))
     assert sum(not torch.equal(after[k], before[k]) for k in after if not vision(k)) > 10
+    # TRL's SFTTrainer, continuing it
+    pytest.importorskip("trl")  # in the test extra; the optional way, so not a requirement
+    found = re.search(r"<!-- tested: trl -->\n```python\n(.*?)\n```", doc, re.S)
+    assert found, "no '<!-- tested: trl -->' code block in docs/training.md"
+    exec(compile(found.group(1), "docs/training.md:trl", "exec"), ns)
+    assert ns["sft"].state.global_step == 2
+    assert any(not torch.equal(v, after[k]) for k, v in model.state_dict().items() if not vision(k))
 
 
 def run_sft(ckpt, rows, collate, out):
