@@ -202,6 +202,16 @@ class Conversations(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
+    # DataLoader workers that spawn (macOS, Windows, CUDA setups) pickle the dataset: the reader
+    # holds the open manifest, so a worker opens the OUT afresh
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "emb": os.fspath(self.emb.out)}
+
+    def __setstate__(self, state: dict) -> None:
+        from . import open as open_out
+
+        self.__dict__.update(state, emb=open_out(state["emb"]))
+
     def as_dataset(self):
         """A `datasets.Dataset` of the example numbers, for trainers that take no other kind (TRL's
         SFTTrainer): `Collator(…, out=this)` turns each {"example": i} back into item i. The

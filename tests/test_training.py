@@ -371,3 +371,18 @@ def test_trl_sft_trainer_with_the_collator(setup, tmp_path):
         assert (stored[name] - want).abs().max().item() <= 1e-4 * step + rounding, name
         moved += step > 0
     assert moved > 10
+
+
+def test_dataset_and_collator_travel_to_worker_processes(setup):
+    """A DataLoader whose workers spawn pickles both: the reader's open manifest is opened afresh."""
+    import pickle
+
+    data = pickle.loads(pickle.dumps(setup.data))
+    collate = pickle.loads(pickle.dumps(training.Collator(setup.processor.tokenizer, device="cpu")))
+    want = setup.collate([setup.data[i] for i in range(len(setup.data))])
+    got = collate([data[i] for i in range(len(data))])
+    for key in ("input_ids", "attention_mask", "mm_token_type_ids", "labels"):
+        assert torch.equal(got[key], want[key]), key
+    for kind, output in want["mm_encoder_outputs"].items():
+        assert all(torch.equal(a, b) for a, b in zip(got["mm_encoder_outputs"][kind].pooler_output,
+                                                     output.pooler_output)), kind
