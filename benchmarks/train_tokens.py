@@ -43,19 +43,20 @@ def cpu_name() -> str:
 
 
 def build(folder: Path, text_layers: int, seed: int = 0) -> Path:
-    from transformers import Gemma4ForConditionalGeneration
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
     from gemma4enc import demo
 
-    cfg = gc.config("e2b")
-    v = cfg.vision_config
-    v.hidden_size, v.intermediate_size, v.num_hidden_layers = 768, 3072, 16
-    v.num_attention_heads = v.num_key_value_heads = 12
-    v.head_dim = 64
-    t = cfg.text_config
-    t.hidden_size, t.intermediate_size, t.num_hidden_layers = 1536, 6144, text_layers
-    t.layer_types = (["sliding_attention", "full_attention"] * text_layers)[:text_layers]
-    t.num_attention_heads, t.num_key_value_heads, t.head_dim = 8, 1, 128
+    config = gc.config("e2b").to_dict()
+    config["vision_config"].update(hidden_size=768, intermediate_size=3072, num_hidden_layers=16,
+                                   num_attention_heads=12, num_key_value_heads=12, head_dim=64)
+    text = config["text_config"]
+    types = (["sliding_attention", "full_attention"] * text_layers)[:text_layers]
+    global_head = next(iter(text.get("per_layer_config", {}).values()), {})  # the full-attention layers'
+    text.update(hidden_size=1536, intermediate_size=6144, num_hidden_layers=text_layers, layer_types=types,
+                num_attention_heads=8, num_key_value_heads=1, head_dim=128,
+                per_layer_config={str(i): global_head for i, t in enumerate(types) if t == "full_attention"})
+    cfg = Gemma4Config.from_dict(config)
     torch.manual_seed(seed)
     model = Gemma4ForConditionalGeneration(cfg).eval()
     demo.randomize_(model, seed)
@@ -90,7 +91,7 @@ def main() -> None:
 
     from transformers import Gemma4ForConditionalGeneration
 
-    from gemma4enc import benchmedia, training
+    from gemma4enc import benchmedia, gemma, training
 
     groups, _ = benchmedia.generated(["jpeg-12mp", "jpeg-24mp"])
     media = (groups["jpeg-12mp"] + groups["jpeg-24mp"])[: args.photos]
@@ -137,6 +138,22 @@ def main() -> None:
     gaps = [abs(a - b) / abs(b) for a, b in zip(losses["tokens"], losses["pixels"])]
     print("relative loss difference, tokens vs pixels, per example: "
           + ", ".join(f"{g:.1e}" for g in gaps[: len(data)]))
+    # where it comes from: the pixel batch with transformers' own tower run on each image's
+    # unpadded patches (as gemma4enc runs it) in place of the padded batch
+    unpadded = []
+    with torch.no_grad():
+        for i in range(len(data)):
+            batch = paths["pixels"](i)
+            pos, pixels = batch.pop("image_position_ids"), batch.pop("pixel_values")
+            feats = []
+            for row in range(pixels.shape[0]):
+                n = int((pos[row] != -1).all(-1).sum())
+                feats += model.model.get_image_features(pixels[row:row + 1, :n], pos[row:row + 1, :n],
+                                                        return_dict=True).pooler_output
+            batch["mm_encoder_outputs"] = {"image": gemma._output(list(feats))}
+            unpadded.append(model(**batch).loss.item())
+    print("relative loss difference, tokens vs the pixels through an unpadded tower: "
+          + ", ".join(f"{abs(a - b) / abs(b):.1e}" for a, b in zip(losses["tokens"], unpadded)))
 
 
 if __name__ == "__main__":

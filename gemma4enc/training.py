@@ -11,6 +11,7 @@ Recipe: docs/training.md.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import Counter
@@ -279,7 +280,10 @@ class Collator:
         from . import open as open_out
 
         self.source = out if isinstance(out, Conversations) else None
-        self.emb = out.emb if self.source else out if out is None or hasattr(out, "frames") else open_out(out)
+        if self.source is not None:
+            self.emb = self.source.emb
+        else:
+            self.emb = out if out is None or hasattr(out, "frames") else open_out(out)
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         if not getattr(self.tokenizer, "is_fast", False):
@@ -307,7 +311,7 @@ class Collator:
         for n, example in enumerate(examples):
             text, spans = _assistant_spans(self.render, example["messages"])
             cuts = sorted({0, len(text), *(c for s in spans for c in s)})
-            for a, b in zip(cuts, cuts[1:]):
+            for a, b in itertools.pairwise(cuts):
                 pieces.append(text[a:b])
                 trained.append(any(s <= a and b <= e for s, e in spans))
                 owner.append(n)
