@@ -22,12 +22,24 @@ VIDEO = "<|video|>"
 
 
 def vocab() -> dict[str, int]:
-    words = SPECIAL + list(MM.values()) + [VIDEO] + list(string.printable[:95])
+    words = SPECIAL + list(MM.values()) + [VIDEO] + list(string.printable[:95]) + ["\n"]  # "\n" last: ids unchanged
     return {w: i for i, w in enumerate(words)}
 
 
+# Gemma 4's turn format (`<|turn>role\n…<turn|>\n`, the assistant is `model`), each image / video
+# part as the placeholder its processor expands; plain characters here, where Gemma's are tokens
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] | trim }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'text' %}{{ p['text'] | trim }}{% elif p['type'] == 'image' %}\n\n<|image|>\n\n"
+    "{% elif p['type'] == 'video' %}\n\n<|video|>\n\n{% endif %}{% endfor %}{% endif %}<turn|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+
+
 def tokenizer():
-    """Characters, Gemma's specials and placeholders; a <bos> before every text, as Gemma's."""
+    """Characters, Gemma's specials and placeholders, a Gemma-4-like chat template; a <bos>
+    before every text, as Gemma's."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -36,7 +48,7 @@ def tokenizer():
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
     tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", v["<bos>"])])
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                                   unk_token="<unk>", extra_special_tokens=MM)
+                                   unk_token="<unk>", extra_special_tokens=MM, chat_template=CHAT_TEMPLATE)
 
 
 def config(kind: str):
@@ -113,7 +125,7 @@ def processor(image_tokens: int, video_tokens: int = 70):
             return super().check_argument_for_proper_class(name, argument)
 
     return Processor(Gemma4AudioFeatureExtractor(), Gemma4ImageProcessorPil(max_soft_tokens=image_tokens),
-                     tokenizer(), FramesVideoProcessor(video_tokens))
+                     tokenizer(), FramesVideoProcessor(video_tokens), chat_template=CHAT_TEMPLATE)
 
 
 def video_frames(path: Path, frames: int) -> tuple[np.ndarray, dict]:

@@ -94,10 +94,15 @@ class ModelInputs:
         processor, with one image placeholder per image and one video placeholder per video.
         """
         tokenizer = getattr(processor, "tokenizer", processor)
+        return self.tokenize_expanded(tokenizer, self.prompt(text, Tokens.of(tokenizer)))
+
+    def tokenize_expanded(self, tokenizer, texts: list[str], **kwargs) -> dict:
+        """`tokenize` of texts whose placeholders `prompt` has already expanded; `kwargs` go to the
+        tokenizer (training.py asks for `add_special_tokens` and the offsets)."""
         tokens = Tokens.of(tokenizer)
         if tokens.video not in tokenizer.get_added_vocab():
             tokenizer.add_special_tokens({"additional_special_tokens": [tokens.video]})  # as Gemma4Processor does
-        batch = dict(tokenizer(self.prompt(text, tokens), padding=True, return_tensors="pt"))
+        batch = dict(tokenizer(texts, padding=True, return_tensors="pt", **kwargs))
         ids = batch["input_ids"]
         types = torch.zeros_like(ids)
         for kind, token, value in (("image", tokens.image, 1), ("video", tokens.video, 2)):
