@@ -1,4 +1,4 @@
-"""The Gemma 4 and retrieval snippets of README.md and docs/gemma.md run as written, against a tiny full checkpoint."""
+"""The Gemma 4 and retrieval snippets of README.md, docs/gemma.md and docs/search.md run as written, against a tiny full checkpoint."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from . import gemma_client as gc
 from .helpers import photo
 
 ROOT = Path(__file__).parents[1]
-README, GEMMA = ROOT / "README.md", ROOT / "docs" / "gemma.md"
+README, GEMMA, SEARCH = ROOT / "README.md", ROOT / "docs" / "gemma.md", ROOT / "docs" / "search.md"
 
 
 def snippet(marker: str, doc: Path = README) -> str:
@@ -53,7 +53,7 @@ def test_gemma_and_retrieval_snippets(workdir, monkeypatch, capsys):
         want = model(**batch).logits
     assert torch.equal(gemma["logits"], want)  # the splice is the same forward
     found: dict = {}
-    exec(compile(snippet("retrieval"), "README.md:retrieval", "exec"), found)
+    exec(compile(snippet("retrieval", SEARCH), "docs/search.md:retrieval", "exec"), found)
     assert found["paths"][found["top"][0]].endswith("media/cat.jpg") and found["scores"].max() == pytest.approx(1)
     assert len(found["keys"]) == 2 + 3 and found["frames"].shape == (5, found["vectors"].shape[1])
     assert "media/cat.jpg" in capsys.readouterr().out
