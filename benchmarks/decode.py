@@ -60,7 +60,7 @@ def child(spec: dict) -> dict:
         from PIL import Image, ImageOps
         from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-        from gemma4enc.media.decode import _register_heif
+        from gemma4enc.media.image import _register_heif
 
         _register_heif()  # HEIC opens in Pillow as it does for gemma4enc (pillow-heif's opener)
         processor = Gemma4ImageProcessorPil(max_soft_tokens=spec["budget"])

@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gemma4enc.media import decode  # noqa: E402
+from gemma4enc.media import video as decode  # noqa: E402
 from gemma4enc.options import Sampling
 from gemma4enc.media.decode import decode_video, prefit  # noqa: E402
 from gemma4enc.media.patches import PATCH, patchify, target_size  # noqa: E402
@@ -129,13 +129,13 @@ def read_index(patches) -> int:
 # ---- timing -------------------------------------------------------------------------------------
 
 
-TODAY = {"SKIPS_NONREF": set()}  # gemma4enc.media.decode as it was before issue 14: each new step turned off
+TODAY = {"SKIPS_NONREF": set()}  # gemma4enc.media.video as it was before issue 14: each new step turned off
 EXACT = {"resize": "exact"}  # the processor's resize of full-size frames, as today
 FAST = {"resize": "fast"}  # the default since issue 14: prefit (box reduce) first, as workers.prepare does
 
 
 def cases() -> dict[str, tuple[dict, dict]]:
-    """Each case: keyword arguments of decode_video (+ resize), and gemma4enc.media.decode settings it runs under."""
+    """Each case: keyword arguments of decode_video (+ resize), and gemma4enc.media.video settings it runs under."""
     return {
         "decord today": ({"backend": "decord", **EXACT}, {}),
         "pyav today": ({"backend": "pyav", **EXACT}, TODAY),

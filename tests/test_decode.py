@@ -129,7 +129,7 @@ def long_gops(tmp_path_factory):
 def test_skipping_unreferenced_frames_changes_no_pixel(long_gops, name, threads, monkeypatch):
     import av
 
-    from gemma4enc.media import decode
+    from gemma4enc.media import video as decode
 
     monkeypatch.setattr(decode, "THREADS", threads)  # a run's tail: frame threads, same frames
 
@@ -284,7 +284,7 @@ def test_without_decord_auto_uses_pyav(clips, monkeypatch):
 
 def test_auto_takes_pyav_and_falls_back_to_decord(clips, monkeypatch):
     """auto: PyAV (it skips unneeded frames); decord only where PyAV cannot read the file."""
-    from gemma4enc.media import decode
+    from gemma4enc.media import video as decode
 
     pytest.importorskip("decord")
     first = decode_video(str(clips / "h264.mp4"), Sampling(frames=4), "auto")

@@ -54,7 +54,7 @@ def test_a_hung_or_crashing_decoder_costs_one_file(tmp_path):
 
 
 def threads_given(item: Item, options: Options) -> Decoded:
-    from gemma4enc.media import decode
+    from gemma4enc.media import video as decode
 
     return Decoded(item, width=decode.THREADS)
 
@@ -70,7 +70,7 @@ def test_the_last_file_gets_the_idle_workers_cores(tmp_path):
 
 
 def prepare_noting_threads(item: Item, options: Options) -> Decoded:
-    from gemma4enc.media import decode
+    from gemma4enc.media import video as decode
     from gemma4enc.media.workers import prepare
 
     decoded = prepare(item, options)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ..media.decode import UPRIGHT
+from ..media.image import UPRIGHT
 
 ORIENTATION = 0x0112  # the EXIF tag
 # the transpose that stores an upright picture under each orientation (the inverse of UPRIGHT's)

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 from ..options import Options
 from ..rows import Status
-from . import decode as decoding
+from . import video as decoding
 from .decode import DecodeError, decode, prefit
 from .discover import Item
 from .patches import Patches, patchify

@@ -1,0 +1,317 @@
+"""Videos → sampled RGB frames with PyAV (decord where PyAV cannot read a file): frames no sample
+needs are skipped, containers without a keyframe index seek through videoindex, --seek keyframe
+and nearest[:SECONDS] snap samples to keyframes, large frames are pre-fitted as they come."""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+import numpy as np
+from PIL import Image
+
+from ..options import Sampling, seek_bound
+from ..rows import Status
+from . import videoindex
+from .frames import DecodeError, Frames, guard, same
+from .patches import target_size
+
+# --resize fast, videos: a frame is box-averaged by a whole factor first while the processor's
+# bicubic that follows still shrinks it by at least this much; below it the box's blur shows and
+# the frame falls under the 45 dB floor (benchmarks/video_decode.py; docs/benchmarks/video.md)
+PREFIT_GAP = 1.8
+
+
+def prefit(frame: np.ndarray, max_soft_tokens: int) -> np.ndarray:
+    """(H, W, 3) frame → the same frame box-reduced where that keeps the fidelity floor and the patch grid."""
+    h, w = frame.shape[:2]
+    th, tw = target_size(h, w, max_soft_tokens)
+    k = int(min(h / th, w / tw) // PREFIT_GAP)
+    if k < 2 or h % k or w % k or target_size(h // k, w // k, max_soft_tokens) != (th, tw):
+        return frame  # the grid is computed from the size it gets: reduce only where it is the same
+    return np.asarray(Image.fromarray(frame).reduce(k))
+
+
+def _apply_rotation(array: np.ndarray, degrees: int) -> np.ndarray:
+    """PyAV reports a display rotation (counter-clockwise degrees) that it does not apply."""
+    turns = (int(degrees) // 90) % 4
+    return np.ascontiguousarray(np.rot90(array, k=turns)) if turns else array
+
+
+def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str = "exact") -> Frames:
+    """Index the stream by demuxing, then decode forward, seeking only past keyframes.
+
+    Frame n is the n-th frame in presentation (pts) order. Packets are decoded one by one so
+    a corrupt packet loses its frames, not the rest of the file. seek="keyframe": each sample
+    moves to the nearest keyframe, and only keyframes are decoded. A sampled frame the seeks
+    did not deliver is looked for once more in one pass from the file's start, without seeking;
+    what still fails is listed in info["missing"]. A stream that ends before its header says
+    is sampled from the frames it has, with info["truncated"].
+    """
+    import av
+
+    with av.open(path) as container:
+        if not container.streams.video:
+            raise DecodeError(Status.NO_VIDEO_STREAM, "the file has no video stream")
+        stream = _configured(container)
+        index = videoindex.scan(container, stream)
+        order = index.order
+        if not len(order):
+            raise DecodeError(Status.EMPTY, "the video stream has no frames")
+        base = stream.start_time if stream.start_time is not None else int(order[0])
+        fps = float(stream.average_rate or 0)
+        times = (order - base) * float(stream.time_base)
+        if index.by_count:  # no pts to number the frames by: the n-th decoded is frame n
+            times = np.arange(index.packets) / (fps or 30.0)
+        wanted = sampling.indices(len(times), times)
+        if seek == "keyframe" and not index.by_count:
+            wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
+        elif seek_bound(seek) and not index.by_count:
+            wanted = snap_within(wanted, np.searchsorted(order, index.keyframes).tolist(), times, seek_bound(seek))
+        size: list[tuple[int, int]] = []
+        got = {} if index.by_count else _pyav_frames(container, stream, index, wanted, transform, size,
+                                                      seek == "keyframe")
+        codec = stream.codec_context.name
+    if index.by_count:  # from the very start, in a fresh demuxer: the count must begin at frame 0
+        with av.open(path) as container:
+            got = _counted_frames(container, _configured(container), wanted, transform, size)
+    missing = [i for i in wanted if i not in got]
+    if missing and not index.by_count:  # the seeks found no way to them: one pass from the start
+        with av.open(path) as container:
+            got |= _pyav_frames(container, _configured(container), index, missing, transform, size,
+                                seek == "keyframe", sequential=True)
+        missing = [i for i in wanted if i not in got]
+    if not got:
+        raise DecodeError(Status.DECODE_ERROR, "no sampled frame could be decoded")
+    indices = sorted(got)
+    info = {"backend": "pyav", "codec": codec, "total_frames": len(times), "fps": fps,
+            "duration": float(times[-1]), "missing": missing, "truncated": index.truncated,
+            "height": size[0][0], "width": size[0][1]}
+    return Frames(images=[got[i] for i in indices], indices=indices,
+                  timestamps=[round(float(times[i]), 6) for i in indices], info=info)
+
+
+def _configured(container):
+    stream = container.streams.video[0]
+    stream.thread_count = THREADS  # 1: workers decode in parallel, threads inside them only contend
+    if THREADS > 1:  # the tail of a run: cores are idle (workers.py sets THREADS)
+        stream.thread_type = "AUTO"
+    return stream
+
+
+def _pyav_frames(container, stream, index, wanted, transform, size, keys_only=False,
+                 sequential=False) -> dict[int, object]:
+    """Frame number -> transform(RGB array) for each wanted frame that decodes; size gets (h, w).
+
+    keys_only: every wanted frame is a keyframe, so every other packet may be skipped.
+    sequential: one pass from where the container stands, never seeking.
+    """
+    order, keyframes = index.order, index.keyframes
+    index_of = {int(p): i for i, p in enumerate(order)}
+    pending = deque(int(order[i]) for i in wanted)  # target pts, rising
+    targets = set(pending)
+    skip = None
+    if keys_only or stream.codec_context.name in SKIPS_NONREF:
+        skip = (lambda packet: packet.pts not in targets)
+    skip_mode = "NONKEY" if keys_only else "NONREF"
+    got: dict[int, np.ndarray] = {}
+    frames, position = None, None  # the decoding run in progress and the pts it reached
+    while pending:
+        key = _keyframe_before(keyframes, pending[0])
+        if frames is None or (not sequential and key > position):  # next target lies past the next keyframe
+            packets = None if sequential or key not in index.rank else videoindex.packets_from(
+                container, stream, index, key)
+            frames = _decoded(container, stream, skip, skip_mode, packets)
+        for frame in frames:
+            position = frame.pts
+            while pending and pending[0] < position:  # its packet was corrupt: lost
+                pending.popleft()
+            if pending and pending[0] == position:
+                rgb = _apply_rotation(frame.to_ndarray(format="rgb24"), frame.rotation)
+                size.append(rgb.shape[:2])
+                got[index_of[position]] = transform(rgb)  # one full-size frame in memory at a time
+                pending.popleft()
+            if not pending or (not sequential and _keyframe_before(keyframes, pending[0]) > position):
+                break
+        else:
+            break  # end of stream: the rest cannot be found
+    return got
+
+
+def _counted_frames(container, stream, wanted, transform, size) -> dict[int, object]:
+    """Frame number -> transform(RGB array), numbering the frames as the decoder gives them, from the start."""
+    import av
+
+    pending, got, n = set(wanted), {}, 0
+    last = max(wanted, default=-1)
+
+    def frames():
+        for packet in container.demux(stream):
+            try:
+                yield from packet.decode()  # the flush packet at the end gives the last frames
+            except av.error.InvalidDataError:
+                continue
+
+    for frame in frames():
+        if n in pending:
+            rgb = _apply_rotation(frame.to_ndarray(format="rgb24"), frame.rotation)
+            size.append(rgb.shape[:2])
+            got[n] = transform(rgb)
+        n += 1
+        if n > last:
+            break
+    return got
+
+
+def snap_within(wanted: list[int], keys: list[int], times, bound: float) -> list[int]:
+    """--seek nearest: each sample moved to its nearest keyframe where that is at most `bound`
+    seconds away and a quarter of the spacing between samples (so samples stay apart and in
+    order), and not taken by another sample; every other sample stays the frame asked for."""
+    if not keys or not wanted:
+        return list(wanted)
+    spacing = (float(times[wanted[-1]]) - float(times[wanted[0]])) / max(len(wanted) - 1, 1)
+    tau = min(bound, spacing / 4) if len(wanted) > 1 else bound
+    key_times = [float(times[k]) for k in keys]
+    taken, out = set(), []
+    for i in wanted:
+        t = float(times[i])
+        at = bisect.bisect_left(key_times, t)
+        near = min((j for j in (at - 1, at) if 0 <= j < len(keys)), key=lambda j: (abs(key_times[j] - t), j))
+        k = keys[near]
+        if abs(key_times[near] - t) <= tau + 1e-9 and k not in taken and k not in wanted:
+            out.append(k)
+            taken.add(k)
+        else:
+            out.append(i)
+    return sorted(set(out))
+
+
+def snap_to_keyframes(wanted: list[int], keys: list[int]) -> list[int]:
+    """Each frame index moved to the nearest keyframe index (the earlier on a tie), once each."""
+    if not keys:
+        return wanted
+    snapped = set()
+    for i in wanted:
+        at = bisect.bisect_right(keys, i)
+        before, after = keys[max(at - 1, 0)], keys[min(at, len(keys) - 1)]
+        snapped.add(before if i - before <= after - i else after)
+    return sorted(snapped)
+
+
+def _keyframe_before(keyframes: list[int], pts: int) -> int:
+    i = bisect.bisect_right(keyframes, pts) - 1
+    return keyframes[max(i, 0)] if keyframes else pts
+
+
+def _decoded(container, stream, skip=None, skip_mode="NONREF", packets=None):
+    """Frames in presentation order, packet by packet, skipping packets that fail to decode.
+
+    `skip(packet)` True: its frame is not wanted, so the decoder may drop it unless another
+    frame refers to it (skip_frame NONREF); the wanted ones and every reference still decode,
+    so each frame that comes out is exactly the one a full decode gives. NONKEY drops every
+    frame but keyframes: for when only keyframes are wanted.
+    """
+    import av
+
+    context = stream.codec_context
+    for packet in container.demux(stream) if packets is None else packets:
+        if skip is not None:
+            context.skip_frame = skip_mode if packet.pts is not None and skip(packet) else "DEFAULT"
+        try:
+            frames = packet.decode()
+        except av.error.InvalidDataError:
+            continue
+        for frame in frames:
+            if frame.pts is not None:
+                yield frame
+
+
+def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str = "exact") -> Frames:
+    import decord
+
+    decord.logging.set_level(decord.logging.QUIET)
+    try:
+        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=THREADS)
+    except (RuntimeError, decord.DECORDError) as e:
+        raise DecodeError(Status.DECODE_ERROR, f"decord: {str(e).splitlines()[0][:200]}") from None
+    total = len(reader)
+    if total == 0:
+        raise DecodeError(Status.EMPTY, "the video stream has no frames")
+    times = reader.get_frame_timestamp(np.arange(total))[:, 0]
+    wanted = sampling.indices(total, times)
+    if seek == "keyframe":
+        wanted = snap_to_keyframes(wanted, sorted(int(k) for k in reader.get_key_indices()))
+    elif seek_bound(seek):
+        wanted = snap_within(wanted, sorted(int(k) for k in reader.get_key_indices()), times, seek_bound(seek))
+    images = []
+    for at in range(0, len(wanted), DECORD_CHUNK):
+        try:
+            batch = reader.get_batch(wanted[at: at + DECORD_CHUNK]).asnumpy()  # (F, H, W, 3) uint8
+        except (RuntimeError, decord.DECORDError) as e:
+            raise DecodeError(Status.DECODE_ERROR, f"decord: {str(e).splitlines()[0][:200]}") from None
+        if batch.ndim != 4 or batch.shape[-1] != 3:  # seen with rotated clips: let PyAV do it
+            raise DecodeError(Status.DECODE_ERROR, f"decord returned frames shaped {batch.shape}")
+        images += [transform(frame) for frame in batch]
+    info = {"backend": "decord", "total_frames": total, "fps": float(reader.get_avg_fps()),
+            "duration": float(times[-1]), "height": int(batch.shape[1]), "width": int(batch.shape[2])}
+    return Frames(images=images, indices=list(wanted), timestamps=[round(float(times[i]), 6) for i in wanted],
+                  info=info)
+
+
+def _probe(path: str, max_pixels: int | None) -> str | None:
+    """The video codec, from the header; frames larger than max_pixels are refused before decoding."""
+    import av
+
+    try:
+        with av.open(path) as container:
+            if not container.streams.video:
+                raise DecodeError(Status.NO_VIDEO_STREAM, "the file has no video stream")
+            stream = container.streams.video[0]
+            pixels = (stream.width or 0) * (stream.height or 0)
+            codec = stream.codec_context.name
+    except av.error.FFmpegError as e:
+        raise DecodeError(Status.DECODE_ERROR, f"cannot open: {e}") from None
+    if max_pixels and pixels > max_pixels:
+        raise DecodeError(Status.TOO_LARGE, f"frames of {stream.width}×{stream.height} exceed {max_pixels} pixels "
+                                       "(raise --max-image-pixels to allow them)")
+    return codec
+
+
+# decoder threads per video: 1 while every worker is busy; the pool raises it for a run's last
+# files, when fewer files than workers remain and their cores would idle
+THREADS = 1
+
+
+# decoders whose packets carry their frame's pts and that drop non-reference frames on request
+SKIPS_NONREF = {"h264", "hevc"}
+
+
+DECORD_CHUNK = 4  # frames fetched per get_batch call: memory holds a few full-size frames, not 32
+
+
+# decord returns off-by-one frames after seeks in HEVC (open GOP): PyAV is exact there
+DECORD_INEXACT = {"hevc", "h265"}
+
+
+def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None,
+                 transform=same, seek: str = "exact") -> Frames:
+    """--video-backend auto|decord|pyav; auto takes PyAV, and decord where PyAV cannot read a file.
+
+    PyAV first: it skips the frames no sample needs (SKIPS_NONREF), which decord cannot, is exact
+    on open-GOP HEVC, and its RGB frames equal decord's bit for bit (same FFmpeg conversion).
+    `transform` is applied to each frame as it is decoded (the pipeline passes patchify), so
+    only a few full-size frames are ever held at once. seek="keyframe" (--seek): each sample
+    snapped to the nearest keyframe; `indices` says which frames were taken.
+    """
+    codec = guard(_probe, path, max_pixels)
+    if backend == "decord":
+        return guard(decode_video_decord, path, sampling, transform, seek)
+    try:
+        return guard(decode_video_pyav, path, sampling, transform, seek)
+    except DecodeError as first:
+        if backend == "pyav" or codec in DECORD_INEXACT:
+            raise
+        try:
+            return guard(decode_video_decord, path, sampling, transform, seek)
+        except DecodeError:
+            raise first from None
