@@ -22,7 +22,7 @@ from gemma4enc.discover import discover
 from gemma4enc.options import Options
 from gemma4enc.run import encode_files
 
-from .corpus import ERROR_SAYS, EXPECTED, bad_media
+from .corpus import CAMERA, ERROR_SAYS, EXPECTED, TRUNCATED, bad_media
 from .helpers import BASE, RUN, by_name, encode, encode_argv, flags, photo, shard_tokens, verify
 
 
@@ -57,6 +57,19 @@ def test_each_hostile_file_gets_its_status(hostile_run, name, status):
     assert rows[name]["status"] == status, rows[name]
     assert status == "ok" or len(rows[name]["error"]) > 10, rows[name]
     assert ERROR_SAYS.get(name, "") in (rows[name]["error"] or ""), rows[name]
+
+
+def test_camera_files_say_what_they_are(hostile_run):
+    """Cut downloads say `truncated`, nothing else does; no frame asked for is missing; a turned TIFF is upright."""
+    out, _ = hostile_run
+    rows = by_name(out)
+    videos = {n for n in CAMERA if rows[n]["kind"] == "video"}
+    assert {n for n in videos if rows[n].get("truncated")} == TRUNCATED
+    assert not [n for n in videos if rows[n].get("missing_frames")]
+    assert all(len(rows[n]["frame_indices"]) == 4 for n in videos)  # --frames 4, every one delivered
+    assert {n for n in CAMERA if rows[n]["kind"] == "image"} == {
+        "cam-anim.webp", "cam-anim.png", "cam-turned.tif", "cam-raw.ppm", "cam-screen.bmp"}
+    assert (rows["cam-turned.tif"]["width"], rows["cam-turned.tif"]["height"]) == (60, 90)
 
 
 def test_hostile_neighbours_leave_good_files_alone(hostile_run, clean):
