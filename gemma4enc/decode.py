@@ -500,7 +500,8 @@ def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixel
     on open-GOP HEVC, and its RGB frames equal decord's bit for bit (same FFmpeg conversion).
     `transform` is applied to each frame as it is decoded (the pipeline passes patchify), so
     only a few full-size frames are ever held at once. seek="keyframe" (--seek): each sample
-    snapped to the nearest keyframe; `indices` says which frames were taken.
+    snapped to the nearest keyframe; "nearest[:SECONDS]": only where one lies within the bound;
+    `indices` says which frames were taken.
     """
     codec = _guard(_probe, path, max_pixels)
     if backend == "decord":
@@ -537,7 +538,8 @@ def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_
     """One file's frames, each passed through `transform` as soon as it is decoded.
 
     fit: images only, the soft-token budget to decode straight to (--resize fast; see decode_image).
-    seek: videos, exact (every sample as asked) or keyframe (each snapped to the nearest keyframe).
+    seek: videos, exact (every sample as asked), keyframe (each snapped to the nearest keyframe) or
+    nearest[:SECONDS] (snapped only within the bound, see snap_within).
     """
     if kind == "image":
         frames = decode_image(path, max_pixels, fit)
