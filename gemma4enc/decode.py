@@ -239,13 +239,14 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=_same, seek: str 
         stream = _configured(container)
         index = videoindex.scan(container, stream)
         order = index.order
-        if not len(order):
+        if not index.packets:
             raise DecodeError(Status.EMPTY, "the video stream has no frames")
-        base = stream.start_time if stream.start_time is not None else int(order[0])
         fps = float(stream.average_rate or 0)
-        times = (order - base) * float(stream.time_base)
         if index.by_count:  # no pts to number the frames by: the n-th decoded is frame n
             times = np.arange(index.packets) / (fps or 30.0)
+        else:
+            base = stream.start_time if stream.start_time is not None else int(order[0])
+            times = (order - base) * float(stream.time_base)
         wanted = sampling.indices(len(times), times)
         if seek == "keyframe" and not index.by_count:
             wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
