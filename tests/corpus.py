@@ -58,6 +58,66 @@ EXPECTED: dict[str, str | None] = {
     "deep.png": "ok", "cmyk.jpg": "ok", "anim.gif": "ok", "photo-named.mp4": "ok",
     os.fsdecode(b"latin1-\xe9t\xe9.jpg"): "ok", "new\nline.png": "ok", "phone.heic": "ok", "modern.avif": "ok",
 }
+# the containers, codecs and stills cameras, camcorders and downloads make (tests/test_camera_files.py
+# checks their frames one by one; here each must get its status beside the hostile files)
+CAMERA: dict[str, str] = {
+    "cam-h264.mp4": "ok", "cam-hevc.mov": "ok", "cam-hevc10.mp4": "ok", "cam-h264.m4v": "ok", "cam-vp9.webm": "ok",
+    "cam-av1.mkv": "ok", "cam-mpeg4.avi": "ok", "cam-mjpeg.avi": "ok", "cam-h264.ts": "ok", "cam-avchd.m2ts": "ok",
+    "cam-hevc.mts": "ok", "cam-mpeg2.mpg": "ok", "cam-dvd.vob": "ok", "cam-phone.3gp": "ok", "cam-flash.flv": "ok",
+    "cam-cut-faststart.mp4": "ok", "cam-cut.mkv": "ok",  # cut downloads: ok, sampled from what is there, truncated
+    "cam-anim.webp": "ok", "cam-anim.png": "ok",  # animated WebP/APNG are images (their first frame), as GIF
+    "cam-turned.tif": "ok", "cam-raw.ppm": "ok", "cam-screen.bmp": "ok",
+}
+EXPECTED |= CAMERA
+TRUNCATED = {"cam-cut-faststart.mp4", "cam-cut.mkv"}  # ok rows that must say `truncated`
+
+
+def camera_media(root: Path) -> None:
+    """Write CAMERA's files into root: tiny clips (12 frames), stills of a few hundred pixels."""
+    import av
+
+    def clip(name, codec, fmt=None, pix_fmt="yuv420p", frames=12, options=None, size=(96, 64)):
+        with av.open(str(root / name), "w", format=fmt, options=options or {}) as c:
+            s = c.add_stream(codec, rate=12)
+            s.width, s.height, s.pix_fmt = *size, pix_fmt
+            if codec == "libx265":
+                s.options = {"x265-params": "log-level=error"}
+            if codec == "libsvtav1":
+                s.options = {"preset": "12"}
+            for i in range(frames):
+                frame = av.VideoFrame.from_ndarray(np.asarray(photo(size[1], size[0], seed=i)), format="rgb24")
+                for p in s.encode(frame.reformat(format=pix_fmt)):
+                    c.mux(p)
+            for p in s.encode():
+                c.mux(p)
+
+    clip("cam-h264.mp4", "libx264")
+    clip("cam-hevc.mov", "libx265")
+    clip("cam-hevc10.mp4", "libx265", pix_fmt="yuv420p10le")
+    clip("cam-h264.m4v", "libx264", fmt="mp4")
+    clip("cam-vp9.webm", "libvpx-vp9")
+    clip("cam-av1.mkv", "libsvtav1", size=(128, 64))
+    clip("cam-mpeg4.avi", "mpeg4")
+    clip("cam-mjpeg.avi", "mjpeg", pix_fmt="yuvj420p")
+    clip("cam-h264.ts", "libx264")
+    clip("cam-avchd.m2ts", "libx264", fmt="mpegts")
+    clip("cam-hevc.mts", "libx265", fmt="mpegts")
+    clip("cam-mpeg2.mpg", "mpeg2video", fmt="mpeg")
+    clip("cam-dvd.vob", "mpeg2video", fmt="vob")
+    clip("cam-phone.3gp", "libx264", fmt="3gp")
+    clip("cam-flash.flv", "libx264", fmt="flv")
+    for name, fmt, options in (("cam-cut-faststart.mp4", "mp4", {"movflags": "faststart"}), ("cam-cut.mkv", None, None)):
+        clip(name, "libx264", fmt=fmt, frames=40, options=options)
+        data = (root / name).read_bytes()
+        (root / name).write_bytes(data[: len(data) * 6 // 10])
+    frames = [photo(40, 60, seed=i) for i in range(3)]
+    frames[0].save(root / "cam-anim.webp", save_all=True, append_images=frames[1:], duration=100)
+    frames[0].save(root / "cam-anim.png", save_all=True, append_images=frames[1:], duration=100)
+    photo(60, 90).save(root / "cam-turned.tif", tiffinfo={274: 6})
+    photo(60, 90).save(root / "cam-raw.ppm")
+    photo(60, 90).save(root / "cam-screen.bmp")
+
+
 # what a failed row's error must also say, where the status alone does not tell the cause
 ERROR_SAYS = {"gone.png": "symlink", "pipe.jpg": "not a regular file", "bomb.png": "--max-image-pixels"}
 
@@ -99,5 +159,6 @@ def bad_media(root: Path, good: Path) -> dict[str, str | None]:
     register_heif_opener()  # to write HEIC here (gemma4enc adds it to Pillow only once it decodes)
     photo(90, 160).save(root / "phone.heic")
     photo(90, 160).save(root / "modern.avif")
+    camera_media(root)
     assert {os.fsdecode(n) for n in os.listdir(root)} == set(EXPECTED), "EXPECTED names every file"
     return EXPECTED

@@ -174,7 +174,7 @@ def test_plan_and_inspect(run, media):
 def test_usage_errors_exit_2(media, ckpt_sharded, tmp_path):
     for args in (["--max-soft-tokens", "100"], ["--video-backend", "opencv"], ["--shard-size", "lots"],
                  ["--devices", ","], ["--devices", "cpu,cuda:7"], ["--engine", "spark"],
-                 ["--seek", "nearest"], ["--resize", "quick"]):
+                 ["--seek", "closest"], ["--seek", "nearest:0"], ["--resize", "quick"]):
         result = encode([media, "-o", tmp_path / "x", "--model", ckpt_sharded, *args])
         assert result.exit_code == 2, args
     blocker = tmp_path / "file"

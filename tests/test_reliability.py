@@ -22,7 +22,7 @@ from gemma4enc.media.discover import discover
 from gemma4enc.options import Options
 from gemma4enc.run.encode import encode_files
 
-from .corpus import ERROR_SAYS, EXPECTED, bad_media
+from .corpus import CAMERA, ERROR_SAYS, EXPECTED, TRUNCATED, bad_media
 from .helpers import BASE, RUN, by_name, encode, encode_argv, flags, photo, shard_tokens, verify
 
 
@@ -57,6 +57,19 @@ def test_each_hostile_file_gets_its_status(hostile_run, name, status):
     assert rows[name]["status"] == status, rows[name]
     assert status == "ok" or len(rows[name]["error"]) > 10, rows[name]
     assert ERROR_SAYS.get(name, "") in (rows[name]["error"] or ""), rows[name]
+
+
+def test_camera_files_say_what_they_are(hostile_run):
+    """Cut downloads say `truncated`, nothing else does; no frame asked for is missing; a turned TIFF is upright."""
+    out, _ = hostile_run
+    rows = by_name(out)
+    videos = {n for n in CAMERA if rows[n]["kind"] == "video"}
+    assert {n for n in videos if rows[n].get("truncated")} == TRUNCATED
+    assert not [n for n in videos if rows[n].get("missing_frames")]
+    assert all(len(rows[n]["frame_indices"]) == 4 for n in videos)  # --frames 4, every one delivered
+    assert {n for n in CAMERA if rows[n]["kind"] == "image"} == {
+        "cam-anim.webp", "cam-anim.png", "cam-turned.tif", "cam-raw.ppm", "cam-screen.bmp"}
+    assert (rows["cam-turned.tif"]["width"], rows["cam-turned.tif"]["height"]) == (60, 90)
 
 
 def test_hostile_neighbours_leave_good_files_alone(hostile_run, clean):
@@ -161,10 +174,10 @@ def test_one_run_per_folder_and_stale_locks(good, ckpt, tmp_path):
     finally:
         holder.kill()  # dies holding it: the lock file stays, the flock goes
         holder.wait()
-    assert json.loads((out / "gemma4enc.output.lock").read_text())["pid"] == holder.pid
+    assert json.loads((out / "gemma4enc.lock").read_text())["pid"] == holder.pid
     result = RUN.invoke(app, ["encode", str(good), "-o", str(out), "--model", str(ckpt), *flags(quiet=False)])
     assert result.exit_code == 0 and "took over the lock" in result.output
-    assert not (out / "gemma4enc.output.lock").exists()
+    assert not (out / "gemma4enc.lock").exists()
 
 
 def test_a_file_that_vanishes_before_decode(good, ckpt, tmp_path):
@@ -323,7 +336,7 @@ def test_kill_9_at_random_moments_then_resume(good, clean, ckpt, tmp_path):
     assert len(rows) == len(want) and all(r["status"] == "ok" for r in rows.values())
     report = verify(out)
     assert report["ok"] and not report["warnings"]
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == "gemma4enc.output.lock"]
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == "gemma4enc.lock"]
     got = {Path(p).name: t for p, t in shard_tokens(out)[1].items()}
     # the same files, each once, with the reference's tokens. Within float32 rounding, not bit for
     # bit: one loaded full-suite run (of many) saw tokens differ between the reference and the
@@ -344,7 +357,8 @@ def test_sigterm_saves_what_is_finished_and_exits_130(good, ckpt, tmp_path):
     args = [media, "--model", ckpt, *flags(json=False, shard_size=1, workers=1), "-o", out]
     proc = subprocess.Popen(encode_argv(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (out / "manifest.jsonl").exists():
+    # the manifest is made empty with the settings: wait for a first row
+    while time.monotonic() < deadline and not ((out / "manifest.jsonl").exists() and (out / "manifest.jsonl").stat().st_size):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     code, err = proc.wait(60), proc.stderr.read()

@@ -322,7 +322,7 @@ def test_plan_reads_the_width_takes_the_sampling_flags_and_warns(pics, ckpt, tmp
 def test_plan_into_out_uses_the_settings_out_records(pics, ckpt, tmp_path):
     """plan -o OUT without flags plans what encode -o OUT without flags then does (OUT's budgets, sampling, width)."""
     from gemma4enc.dev.demo import write_video
-    from gemma4enc.model import find_checkpoint
+    from gemma4enc.model.checkpoint import find_checkpoint
 
     media = tmp_path / "media"
     shutil.copytree(pics, media)

@@ -17,7 +17,8 @@ def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_
     """One file's frames, each passed through `transform` as soon as it is decoded.
 
     fit: images only, the soft-token budget to decode straight to (--resize fast; see decode_image).
-    seek: videos, exact (every sample as asked) or keyframe (each snapped to the nearest keyframe).
+    seek: videos, exact (every sample as asked), keyframe (each snapped to the nearest keyframe) or
+    nearest[:SECONDS] (snapped only within the bound, see video.snap_within).
     """
     if kind == "image":
         frames = decode_image(path, max_pixels, fit)

@@ -56,13 +56,14 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str =
         stream = _configured(container)
         index = videoindex.scan(container, stream)
         order = index.order
-        if not len(order):
+        if not index.packets:
             raise DecodeError(Status.EMPTY, "the video stream has no frames")
-        base = stream.start_time if stream.start_time is not None else int(order[0])
         fps = float(stream.average_rate or 0)
-        times = (order - base) * float(stream.time_base)
         if index.by_count:  # no pts to number the frames by: the n-th decoded is frame n
             times = np.arange(index.packets) / (fps or 30.0)
+        else:
+            base = stream.start_time if stream.start_time is not None else int(order[0])
+            times = (order - base) * float(stream.time_base)
         wanted = sampling.indices(len(times), times)
         if seek == "keyframe" and not index.by_count:
             wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
@@ -301,7 +302,8 @@ def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixel
     on open-GOP HEVC, and its RGB frames equal decord's bit for bit (same FFmpeg conversion).
     `transform` is applied to each frame as it is decoded (the pipeline passes patchify), so
     only a few full-size frames are ever held at once. seek="keyframe" (--seek): each sample
-    snapped to the nearest keyframe; `indices` says which frames were taken.
+    snapped to the nearest keyframe; "nearest[:SECONDS]": only where one lies within the bound;
+    `indices` says which frames were taken.
     """
     codec = guard(_probe, path, max_pixels)
     if backend == "decord":

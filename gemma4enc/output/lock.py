@@ -1,4 +1,4 @@
-"""One run at a time in an output folder: an flock on OUT/gemma4enc.output.lock that says who holds it."""
+"""One run at a time in an output folder: an flock on OUT/gemma4enc.lock that says who holds it."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 from ..errors import UsageError
 
-LOCK = "gemma4enc.output.lock"
+LOCK = "gemma4enc.lock"
 
 
 class Lock:
-    """An flock on OUT/gemma4enc.output.lock, which says who holds it (pid, host, start time).
+    """An flock on OUT/gemma4enc.lock, which says who holds it (pid, host, start time).
 
     The kernel drops the flock when its process dies, however it dies, so a stale lock file
     of a killed run is simply taken over. Where the filesystem has no flock, the pid decides.
