@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..errors import UsageError
-from ..media.discover import Item
+from ..media.discover import Item, exists
 from ..options import DEFAULT_FRAMES, Options, Sampling
 from ..output.files import MANIFEST, SHARD_RE, TEMP_RE
 from ..output.ledger import Ledger
@@ -99,7 +99,7 @@ def inspect_report(out: Path) -> dict:
         status[e.status] += 1
         kinds[e.kind] += 1
         tokens += e.tokens
-        deleted += not os.path.exists(path)
+        deleted += not exists(path)
         if e.status != Status.OK and len(failed) < 20:
             failed.append(e.offset)
     named = ledger.shards()

@@ -109,8 +109,12 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise DecodeError(Status.TOO_LARGE, f"{e} (raise --max-image-pixels to allow it)") from None
     except Image.UnidentifiedImageError:
-        with open(path, "rb") as f:
-            looks_like_image = sniff(f.read(SNIFF_BYTES)) == "image"
+        if isinstance(path, str):
+            with open(path, "rb") as f:
+                looks_like_image = sniff(f.read(SNIFF_BYTES)) == "image"
+        else:  # a file object (a URL's, a tar member's)
+            path.seek(0)
+            looks_like_image = sniff(path.read(SNIFF_BYTES)) == "image"
         if looks_like_image:
             raise DecodeError(Status.DECODE_ERROR, "corrupt image: its header is unreadable") from None
         raise DecodeError(Status.UNSUPPORTED, "the content is not an image format Pillow reads") from None
@@ -384,6 +388,9 @@ def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixel
     snapped to the nearest keyframe; `indices` says which frames were taken.
     """
     codec = _guard(_probe, path, max_pixels)
+    if not isinstance(path, str):  # a file object (a URL's, a tar member's): PyAV reads it, decord takes names
+        path.seek(0)
+        return _guard(decode_video_pyav, path, sampling, transform, seek)
     if backend == "decord":
         return _guard(decode_video_decord, path, sampling, transform, seek)
     try:

@@ -88,7 +88,7 @@ def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger |
             from ..media.workers import sha256
 
             try:
-                digest = sha256(item.path)
+                digest = sha256(item.path, item.root, item.rel)
             except OSError:
                 todo.append(item)  # let decode say why it cannot be read
                 continue
@@ -116,7 +116,7 @@ def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
         from ..media.workers import sha256
 
         try:
-            digest = sha256(item.path)
+            digest = sha256(item.path, item.root, item.rel)
         except OSError:
             return None
     for path, entry in found:

@@ -1,0 +1,173 @@
+"""Inputs by URL and WebDataset tars, against an S3 server on loopback (moto's server mode) read
+through s3fs as users run it: tokens equal a local folder's, a re-run encodes nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemma4enc.media import remote, webdataset
+from .helpers import BASE, encode, encode_argv, shard_tokens, verify
+
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+BUCKET = "media-bucket"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A loopback S3 (moto) for this module, found by s3fs through the usual AWS_* variables."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        s3fs.S3FileSystem.clear_instance_cache()
+        fs = s3fs.S3FileSystem()
+        fs.mkdir(BUCKET)
+        yield fs
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+def _tokens_by_rel(out: Path) -> tuple[dict, dict]:
+    rows, tokens = shard_tokens(out)
+    latest = {r["path"]: r for r in rows}
+    return ({r["rel"]: r for r in latest.values()},
+            {latest[p]["rel"]: t for p, t in tokens.items()})
+
+
+def _summary(result) -> dict:
+    return json.loads(result.stdout[result.stdout.index("{"):])
+
+
+def test_s3_folder_equals_the_same_folder_encoded_locally(s3, good, ckpt, tmp_path):
+    s3.put(str(good), f"{BUCKET}/good", recursive=True)
+    local, remote_out = tmp_path / "local", tmp_path / "remote"
+    args = ["--model", ckpt, *BASE, "--workers", "0"]
+    assert encode([good, "-o", local, *args]).exit_code == 0
+    first = encode([f"s3://{BUCKET}/good", "-o", remote_out, *args])
+    assert first.exit_code == 0, first.output
+    local_rows, local_tokens = _tokens_by_rel(local)
+    rows, tokens = _tokens_by_rel(remote_out)
+    assert set(rows) == set(local_rows) and len(rows) == 6
+    for rel, row in rows.items():
+        assert row["path"] == f"s3://{BUCKET}/good/{rel}" and row["root"] == f"s3://{BUCKET}/good"
+        assert row["status"] == "ok" and row["size"] == local_rows[rel]["size"]
+        assert row["kind"] == local_rows[rel]["kind"]
+        assert torch.equal(tokens[rel], local_tokens[rel]), rel
+    assert verify(remote_out)["ok"]
+    again = _summary(encode([f"s3://{BUCKET}/good", "-o", remote_out, *args]))
+    assert (again["encoded"], again["done_before"]) == (0, 6)
+
+    # an object written again with other content is encoded again, and only it
+    s3.pipe(f"{BUCKET}/good/photo0.jpg", (good / "photo1.jpg").read_bytes())
+    changed = _summary(encode([f"s3://{BUCKET}/good", "-o", remote_out, *args]))
+    assert (changed["encoded"], changed["done_before"]) == (1, 5)
+    rows, tokens = _tokens_by_rel(remote_out)
+    assert torch.equal(tokens["photo0.jpg"], local_tokens["photo1.jpg"])
+
+
+def test_files_from_urls_in_worker_processes(s3, good, ckpt, tmp_path):
+    """--files-from with s3:// lines, decoded by the usual worker processes (a process of its own,
+    so its workers start with the server's endpoint in their environment)."""
+    s3.put(str(good / "small.png"), f"{BUCKET}/listed/small.png")
+    s3.put(str(good / "clip.mp4"), f"{BUCKET}/listed/clip.mp4")
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"s3://{BUCKET}/listed/small.png\ns3://{BUCKET}/listed/clip.mp4\n")
+    local, out = tmp_path / "local", tmp_path / "out"
+    assert encode([good / "small.png", good / "clip.mp4", "-o", local, "--model", ckpt, *BASE,
+                   "--workers", "0"]).exit_code == 0
+    run = subprocess.run(encode_argv("--files-from", listing, "-o", out, "--model", ckpt, *BASE, "--workers", "2"),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    _, want = shard_tokens(local)
+    rows, got = shard_tokens(out)
+    assert sorted(got) == [f"s3://{BUCKET}/listed/clip.mp4", f"s3://{BUCKET}/listed/small.png"]
+    for path, t in got.items():
+        assert torch.equal(t, want[str(good / Path(path).name)]), path
+
+
+def _shard(path: Path, samples: list[tuple[str, Path]]) -> None:
+    """A WebDataset shard as img2dataset writes one: KEY.jpg beside KEY.json and KEY.txt."""
+    with tarfile.open(path, "w") as t:
+        for key, media in samples:
+            t.add(media, arcname=f"{key}{media.suffix}")
+            for ext, data in ((".json", json.dumps({"key": key, "src": media.name})), (".txt", f"caption {key}")):
+                info = tarfile.TarInfo(f"{key}{ext}")
+                info.size = len(data.encode())
+                t.addfile(info, io.BytesIO(data.encode()))
+
+
+def test_webdataset_tars_local_and_by_url(s3, good, ckpt, tmp_path):
+    files = sorted(p for p in good.iterdir())
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _shard(shards / "shard-00000.tar", [(f"{i:06d}", p) for i, p in enumerate(files[:3])])
+    _shard(shards / "shard-00001.tar", [(f"{i:06d}", p) for i, p in enumerate(files[3:], 3)])
+    s3.put(str(shards / "shard-00000.tar"), f"{BUCKET}/wds/shard-00000.tar")
+    s3.put(str(shards / "shard-00001.tar"), f"{BUCKET}/wds/shard-00001.tar")
+    folder, local, by_url = tmp_path / "folder", tmp_path / "local", tmp_path / "url"
+    args = ["--model", ckpt, *BASE, "--workers", "0"]
+    assert encode([good, "-o", folder, *args]).exit_code == 0
+    _, want = shard_tokens(folder)
+    pattern = str(shards / "shard-{00000..00001}.tar")
+    for root, out in ((pattern, local), (f"s3://{BUCKET}/wds/shard-{{00000..00001}}.tar", by_url)):
+        result = encode([root, "-o", out, *args])
+        assert result.exit_code == 0, result.output
+        rows, got = shard_tokens(out)
+        assert len(rows) == len(got) == 6  # the sidecars are no items
+        for row in rows:
+            tar, member = row["path"].rsplit("/", 1)
+            assert tar.endswith(".tar") and (row["root"], row["rel"]) == (tar, member)
+            key = member.split(".")[0]
+            src = json.loads(json.dumps(row["sidecar"]))["json"]["src"]
+            assert row["sidecar"] == {"json": {"key": key, "src": src}, "txt": f"caption {key}"}
+            assert torch.equal(got[row["path"]], want[str(good / src)]), row["path"]
+        assert verify(out)["ok"]
+        again = _summary(encode([root, "-o", out, *args]))
+        assert (again["encoded"], again["done_before"]) == (0, 6)
+    assert {r["path"] for r in shard_tokens(by_url)[0]} == {
+        r["path"].replace(str(shards), f"s3://{BUCKET}/wds") for r in shard_tokens(local)[0]}
+
+
+def test_a_url_without_its_filesystem_package_is_one_line_and_exit_2(ckpt, tmp_path):
+    """s3fs not importable (as without the [s3] extra): the line names the extra to install."""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "s3fs.py").write_text("raise ImportError('No module named s3fs', name='s3fs')\n")
+    env = os.environ | {"PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = subprocess.run(encode_argv(f"s3://{BUCKET}/good", "-o", tmp_path / "out", "--model", ckpt, *BASE),
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "gemma4enc[s3]" in lines[0] and "Traceback" not in run.stderr, run.stderr
+
+
+def test_local_runs_do_not_import_fsspec(good, tmp_path):
+    code = ("import sys; from gemma4enc.media.discover import discover; items, _ = discover([sys.argv[1]]);"
+            "assert items; print('fsspec' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code, str(good)], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "False", run.stderr
+
+
+def test_brace_patterns_and_etag_stamps():
+    assert webdataset.expand("s-{00008..00011}.tar") == ["s-00008.tar", "s-00009.tar", "s-00010.tar", "s-00011.tar"]
+    assert webdataset.expand("{a,b}/x-{1..2}.tar") == ["a/x-1.tar", "a/x-2.tar", "b/x-1.tar", "b/x-2.tar"]
+    assert webdataset.expand("plain.tar") == ["plain.tar"]
+    tag = remote.stamp({"ETag": '"abc"'})
+    assert tag == remote.stamp({"ETag": "abc"}) != remote.stamp({"ETag": '"abd"'}) and tag > 0
+    assert remote.stamp({"mtime": 1.5}) == 1_500_000_000
+    assert remote.is_url("s3://b/k") and remote.is_url("file:///tmp") and not remote.is_url("/tmp/s3://x")
