@@ -202,6 +202,12 @@ class Bar:
             elif not self.bar:
                 print(line, file=sys.stderr, flush=True)
 
+    def grow(self, files: int) -> None:
+        """More files to do, found while the run went on (a streamed discovery)."""
+        self.total += files
+        if self.bar:
+            self.bar.update(self.task, total=self.total)
+
     def close(self) -> None:
         if self.bar:
             self.bar.stop()
@@ -256,7 +262,7 @@ def encode(
     """Encode every image and video under ROOTS into safetensors shards in OUT."""
     import time
 
-    from ..media.discover import discover
+    from ..media.discover import discover_chunks
     from ..output.ledger import Ledger
     from ..output.todo import Unchanged
     from ..run.preflight import no_effect, remembered
@@ -296,15 +302,18 @@ def encode(
             raise UsageError("nothing to encode: give folders or files, or --files-from")
         ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
         unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
-        items, skipped = discover(roots or [], files_from, include or [], exclude or [], hidden, null, str(out),
-                                  known=unchanged.known)
+        counts = {}  # skipped as not media, counted as discovery goes on
+        chunks = discover_chunks(roots or [], files_from, include or [], exclude or [], hidden, null, str(out),
+                                 known=unchanged.known, counts=counts)
+        items = next(chunks)  # the rest is found as the engine reaches it, under OUT's lock
         from ..run.encode import (
             encode_files,  # torch and the rest: only once the flags are known to be good
         )
 
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet, say),
                               log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite, ledger=ledger,
-                              unchanged=unchanged)
+                              unchanged=unchanged, more=chunks)
+        skipped = counts["skipped"]
         shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
         say(f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}", stamp=True)
     except BaseException as e:  # noqa: BLE001 - the one line Command prints goes to --log-file too

@@ -242,9 +242,31 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     With `null` the list's names end in NUL bytes (find -print0): a name may hold a newline.
     `known`: see look(); the files it calls DONE are left out of the list.
     """
+    counts = {}
+    (items,) = discover_chunks(roots, files_from, include, exclude, hidden, null, out, known, None, counts)
+    return items, counts["skipped"]
+
+
+CHUNK = 50_000  # Items a streamed discovery holds at a time (~430 bytes each with their strings)
+
+
+def discover_chunks(roots: list[str], files_from: str | None = None, include: list[str] = (),
+                    exclude: list[str] = (), hidden: bool = False, null: bool = False, out: str | None = None,
+                    known: Known | None = None, chunk: int | None = 0, counts: dict | None = None):
+    """discover(), as sorted lists of about `chunk` items, found as they are asked for: memory holds a
+    chunk, not the folder. Each chunk is sorted; the whole is one list in discover()'s order when
+    it fits in one chunk. Only walked roots none of which lies inside another stream: files
+    named on the command line or in --files-from could be named twice, and one row a path needs
+    the whole list. `counts["skipped"]`: files skipped as not media so far. At least one chunk
+    (maybe empty) is yielded; roots are checked before the first. chunk=0: CHUNK; None: one list.
+    """
+    chunk = CHUNK if chunk == 0 else chunk
+    counts = {} if counts is None else counts
+    counts["skipped"] = 0
     named: list[str] = []
     walked = []  # per root: (path, path relative to its root: what globs see, root), walked lazily
     elsewhere = []  # per URL or tar root: (path, rel, explicit, root, make(known) → Item)
+    walked_roots, remote_roots = [], []
     listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []
     roots = [p for r in roots for p in _expanded(r)]
@@ -255,16 +277,20 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     for root in [*roots, *listed]:
         url = remote.is_url(root)
         if webdataset.is_tar(root) and (url or os.path.isfile(root)):
-            elsewhere.append(_tar_members(root if url else os.path.abspath(root)))
+            remote_roots.append(root if url else os.path.abspath(root))
+            elsewhere.append(_tar_members(remote_roots[-1]))
         elif url:
+            remote_roots.append(root)
             elsewhere.append(_url_files(root, hidden, unlisted))
         elif os.path.isdir(root):
             root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
+            walked_roots.append(root)
             walked.append(_below(root, walk(root, hidden, unlisted, skip=out)))
         else:
             named.append(root)
+    if chunk is not None and (named or listed or _nested([*walked_roots, *remote_roots])):
+        chunk = None  # a path may come twice: one list, deduplicated, as ever
     items: dict[str, Item] = {}
-    skipped = 0
     # generators, not lists: at a million files each list of them costs ~100 MB
     candidates = itertools.chain(((os.path.abspath(p), p, True, None, None) for p in named),
                                  ((p, rel, False, root, None) for p, rel, root in itertools.chain(*walked)),
@@ -277,14 +303,23 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
         if item is None:
             continue  # done already: `known` counted it
         if item.kind == "unknown" and not explicit:
-            skipped += 1
+            counts["skipped"] += 1
             continue
         items[item.path] = item
+        if chunk is not None and len(items) >= chunk:
+            yield sorted(items.values(), key=lambda i: i.path)
+            items = {}
     for path, reason in unlisted:  # a row says which folder was not read, and why
         path = path if remote.is_url(path) else os.path.abspath(path)
         items.setdefault(path, Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}",
                                     status=Status.UNREADABLE))
-    return sorted(items.values(), key=lambda i: i.path), skipped
+    yield sorted(items.values(), key=lambda i: i.path)
+
+
+def _nested(roots: list[str]) -> bool:
+    """Whether one root lies inside another (or is given twice): its files would come twice."""
+    ordered = sorted(r.rstrip("/") + "/" for r in roots)
+    return any(b.startswith(a) for a, b in zip(ordered, ordered[1:]))
 
 
 

@@ -39,6 +39,8 @@ class Unchanged:
         if status == LOST or (self.options.retry_failed and status != Status.OK) or (
                 self.options.hash and status == Status.OK):
             return self.ledger.kind_at(r)  # still_to_do decides (and hashes): not opened, kept
+        if r >= len(self.rows):  # a row read since (a streamed discovery goes on under the lock)
+            self.rows.extend(bytes(r + 1 - len(self.rows)))
         self.rows[r] = 1
         return DONE
 
