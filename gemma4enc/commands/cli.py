@@ -45,7 +45,7 @@ def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, call
                                                 help="Print the version and exit.")] = False):
     """Encode folders of images and videos with the Gemma 4 vision tower."""
 
-Roots = Annotated[list[str], typer.Argument(help="Folders or files to encode (walked recursively).")]
+Roots = Annotated[list[str], typer.Argument(help="Folders or files to encode (walked recursively); also URLs (s3://…, any fsspec protocol) and WebDataset .tar shards (brace patterns: shard-{00000..00099}.tar). See docs/remote.md.")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Output folder for shards and manifest.")]
 Model = Annotated[str, typer.Option(help="Checkpoint folder (HF layout) or hub id (only its vision tensors are fetched, into a cache: see fetch).")]
 Revision = Annotated[Optional[str], typer.Option(help="A hub id's branch, tag or commit (default: main). A re-run into OUT keeps the commit it recorded unless given.")]
@@ -65,7 +65,7 @@ MaxPatches = Annotated[Optional[int], typer.Option("--max-batch-patches", help="
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the encoder's layers for serial and bucket calls (compiling takes seconds; faster on a CPU with AMX, see docs/benchmarks.md).")]
 ShardSize = Annotated[str, typer.Option("--shard-size", help="Target shard size: bytes, or with a unit: 256MB, 1.5G (K, M, G = 10³, 10⁶, 10⁹), 1GiB (2³⁰).")]
 OutDtype = Annotated[str, typer.Option("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")]
-FilesFrom = Annotated[Optional[str], typer.Option("--files-from", help="Read paths to encode from this file, one per line ('-' = stdin).")]
+FilesFrom = Annotated[Optional[str], typer.Option("--files-from", help="Read paths to encode from this file, one per line ('-' = stdin); lines may be URLs or .tar shards.")]
 Null = Annotated[bool, typer.Option("--null", "-0", help="--files-from names end in NUL bytes, as find -print0 writes them (a name may hold a newline).")]
 Include = Annotated[Optional[list[str]], typer.Option("--include", help="Only paths matching this glob (repeatable).")]
 Exclude = Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip paths matching this glob (repeatable).")]
