@@ -16,7 +16,7 @@ from ..errors import UsageError
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 # the package each protocol's filesystem comes in, for the line that says what to install
-EXTRA = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+EXTRA = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
 
 
 def is_url(path: str) -> bool:
@@ -34,10 +34,10 @@ def filesystem(url: str):
         return url_to_fs(url)
     except ImportError as e:
         protocol = url.split("://", 1)[0]
-        extra = EXTRA.get(protocol)
-        hint = f"pip install 'gemma4enc[{extra}]'" if extra else f"install the fsspec package for {protocol}://"
-        missing = getattr(e, "name", None) or str(e).split("\n")[0]
-        raise UsageError(f"{url}: {protocol}:// needs {missing}: {hint}") from None
+        if protocol in EXTRA:
+            package, extra = EXTRA[protocol]
+            raise UsageError(f"{url}: {protocol}:// needs {package}: pip install 'gemma4enc[{extra}]'") from None
+        raise UsageError(f"{url}: {str(e).splitlines()[0]}") from None  # fsspec's words name the package
     except ValueError as e:  # an unknown protocol
         raise UsageError(f"{url}: {e}") from None
 
