@@ -66,10 +66,12 @@ def first_run(media: Path, out: Path, ckpt: Path, tree: Path | None, want_rows: 
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = f"{tree}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    out, ckpt = out.resolve(), ckpt.resolve()
     cmd = [*CLI, "encode", str(media), "-o", str(out), "--model", str(ckpt), *FLAGS, "--workers", "1",
            "--flush-seconds", "1"]
     start, first, peak = time.perf_counter(), None, 0
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # cwd: not a checkout, since `python -m` puts the current folder before PYTHONPATH
+    proc = subprocess.Popen(cmd, env=env, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     load = os.getloadavg()[0]
     while proc.poll() is None and time.perf_counter() - start < limit:
         peak = max(peak, status_kb(proc.pid, "VmHWM"))
@@ -90,7 +92,16 @@ def first_run(media: Path, out: Path, ckpt: Path, tree: Path | None, want_rows: 
     return {"tree": str(tree) if tree else "this", "peak_rss_mb": round(peak / 1024), "first_row_s":
             round(first, 1) if first else None, "stopped_at_s": round(stopped, 1), "rows_at_stop": rows(out),
             "load_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
-            "log": [line for line in err.splitlines() if line.startswith("gemma4enc")][:2]}
+            "first_row": first_row(out), "log": [line for line in err.splitlines() if line.startswith("gemma4enc")][:2]}
+
+
+def first_row(out: Path) -> str | None:
+    """The first file encoded: the whole folder's first in one sorted list, the first chunk's when streamed."""
+    try:
+        with open(out / "manifest.jsonl") as f:
+            return json.loads(f.readline())["rel"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gemma4enc.media import remote, webdataset
-from .helpers import BASE, encode, encode_argv, shard_tokens, verify
+from .helpers import BASE, close, encode, encode_argv, shard_tokens, verify
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -183,3 +183,32 @@ def test_file_urls_are_walked_like_the_folder(good):
     assert [(i.kind, i.size, i.rel) for i in by_url] == [(i.kind, i.size, i.rel) for i in local]
     # fsspec's local info holds mtime as float seconds: within a microsecond of the ns stat gives
     assert all(abs(u.mtime_ns - i.mtime_ns) < 1000 for u, i in zip(by_url, local))
+
+
+def test_ray_actors_read_urls_and_tars(s3, good, ckpt, tmp_path):
+    """--engine ray over an s3:// folder and an s3:// tar: the actors read them through s3fs (OUT
+    is still a folder every node sees); tokens equal the local engine's, a re-run encodes nothing."""
+    pytest.importorskip("ray")
+    s3.put(str(good), f"{BUCKET}/forray", recursive=True)
+    _shard(tmp_path / "s.tar", [(f"{i:06d}", p) for i, p in enumerate(sorted(good.iterdir())[:2])])
+    s3.put(str(tmp_path / "s.tar"), f"{BUCKET}/forray-tar/s.tar")
+    roots = [f"s3://{BUCKET}/forray", f"s3://{BUCKET}/forray-tar/s.tar"]
+    local, out = tmp_path / "local", tmp_path / "ray"
+    args = ["--model", ckpt, *BASE, "--workers", "0"]
+    assert encode([*roots, "-o", local, *args]).exit_code == 0
+    ray = ["--engine", "ray", "--ray-actors", "2", "--task-files", "3"]
+    result = encode([*roots, "-o", out, *args, *ray])
+    summary = _summary(result)
+    assert summary["engine"] == "ray" and summary["encoded"] == 8, result.output
+    _, want = shard_tokens(local)
+    rows, got = shard_tokens(out)
+    assert set(got) == set(want) and len(got) == 8
+    assert all(close(got[p], want[p], 1e-5) for p in want)
+    assert sum("sidecar" in r for r in rows) == 2 and verify(out)["ok"]
+    again = _summary(encode([*roots, "-o", out, *args, *ray]))
+    assert (again["encoded"], again["done_before"]) == (0, 8)
+
+
+def test_a_missing_url_root_is_a_usage_error(s3, ckpt, tmp_path):
+    result = encode([f"s3://{BUCKET}/no-such-folder", "-o", tmp_path / "out", "--model", ckpt, *BASE])
+    assert result.exit_code == 2 and "no such file or folder" in result.output, result.output
