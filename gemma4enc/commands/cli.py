@@ -312,7 +312,7 @@ def encode(
 
         report = encode_files(items, out, options, bar=lambda n: Bar(n, quiet, say),
                               log=lambda m: say(f"gemma4enc: {m}"), overwrite=overwrite, ledger=ledger,
-                              unchanged=unchanged, more=chunks)
+                              unchanged=unchanged, more=None if counts.get("last") else chunks)
         skipped = counts["skipped"]
         shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
         say(f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}", stamp=True)

@@ -257,7 +257,8 @@ def discover_chunks(roots: list[str], files_from: str | None = None, include: li
     chunk, not the folder. Each chunk is sorted; the whole is one list in discover()'s order when
     it fits in one chunk. Only walked roots none of which lies inside another stream: files
     named on the command line or in --files-from could be named twice, and one row a path needs
-    the whole list. `counts["skipped"]`: files skipped as not media so far. At least one chunk
+    the whole list. `counts["skipped"]`: files skipped as not media so far; `counts["last"]`: set
+    when the chunk being handed over is the last. At least one chunk
     (maybe empty) is yielded; roots are checked before the first. chunk=0: CHUNK; None: one list.
     """
     chunk = CHUNK if chunk == 0 else chunk
@@ -313,6 +314,7 @@ def discover_chunks(roots: list[str], files_from: str | None = None, include: li
         path = path if remote.is_url(path) else os.path.abspath(path)
         items.setdefault(path, Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}",
                                     status=Status.UNREADABLE))
+    counts["last"] = True  # what follows is the last chunk: a caller need not stream
     yield sorted(items.values(), key=lambda i: i.path)
 
 
