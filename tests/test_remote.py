@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gemma4enc.media import remote, webdataset
-from .helpers import BASE, close, encode, encode_argv, shard_tokens, verify
+from .helpers import BASE, RUN, close, encode, encode_argv, shard_tokens, verify
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -212,3 +212,37 @@ def test_ray_actors_read_urls_and_tars(s3, good, ckpt, tmp_path):
 def test_a_missing_url_root_is_a_usage_error(s3, ckpt, tmp_path):
     result = encode([f"s3://{BUCKET}/no-such-folder", "-o", tmp_path / "out", "--model", ckpt, *BASE])
     assert result.exit_code == 2 and "no such file or folder" in result.output, result.output
+
+
+def test_inspect_and_prune_ask_the_store_and_hash_reads_objects(s3, good, ckpt, tmp_path):
+    """Deleted inputs by URL and inside a tar are counted by inspect and dropped by compact --prune;
+    --hash keeps the tokens of an object only rewritten (same content, new LastModified)."""
+    from gemma4enc.commands.cli import app
+
+    s3.put(str(good / "small.png"), f"{BUCKET}/prune/a/small.png")
+    s3.put(str(good / "photo0.jpg"), f"{BUCKET}/prune/a/photo0.jpg")
+    _shard(tmp_path / "t.tar", [("000000", good / "photo1.jpg")])
+    out = tmp_path / "out"
+    roots = [f"s3://{BUCKET}/prune/a", str(tmp_path / "t.tar")]
+    args = ["--model", ckpt, *BASE, "--workers", "0", "--hash"]
+    first = _summary(encode([*roots, "-o", out, *args]))
+    assert first["encoded"] == 3
+    assert all(r["sha256"] for r in shard_tokens(out)[0])
+    inspect = lambda: json.loads(RUN.invoke(app, ["inspect", str(out), "--json"]).stdout)  # noqa: E731
+    assert inspect()["deleted_inputs"] == 0
+    import time
+
+    time.sleep(1.1)  # LastModified has one-second resolution
+    s3.pipe(f"{BUCKET}/prune/a/small.png", (good / "small.png").read_bytes())  # rewritten, same bytes
+    touched = _summary(encode([*roots, "-o", out, *args]))
+    assert (touched["encoded"], touched["done_before"]) == (0, 3)
+    small = [r for r in shard_tokens(out)[0] if r["path"].endswith("small.png")]
+    assert len(small) == 2 and small[1]["mtime_ns"] > small[0]["mtime_ns"]  # a refreshed row, same tokens
+    assert (small[1]["shard"], small[1]["index"]) == (small[0]["shard"], small[0]["index"])
+    s3.rm(f"{BUCKET}/prune/a/photo0.jpg")
+    (tmp_path / "t.tar").unlink()
+    assert inspect()["deleted_inputs"] == 2
+    result = RUN.invoke(app, ["compact", str(out), "--prune", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [r["path"] for r in shard_tokens(out)[0]] == [f"s3://{BUCKET}/prune/a/small.png"]
+    assert verify(out)["ok"]
