@@ -246,3 +246,26 @@ def test_inspect_and_prune_ask_the_store_and_hash_reads_objects(s3, good, ckpt, 
     assert result.exit_code == 0, result.output
     assert [r["path"] for r in shard_tokens(out)[0]] == [f"s3://{BUCKET}/prune/a/small.png"]
     assert verify(out)["ok"]
+
+
+def test_a_tar_with_a_corrupt_member_and_other_members(good, ckpt, tmp_path):
+    """A corrupt member costs its own row; members that are not media are skipped and counted; a
+    file that is not a tar is one row saying so."""
+    tar = tmp_path / "mixed.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(good / "small.png", arcname="a/000000.png")
+        for name, data in (("a/000001.jpg", b"\xff\xd8\xff\xe0" + b"\x00" * 64), ("a/000000.cls", b"3")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    fake = tmp_path / "fake.tar"
+    fake.write_bytes(b"not a tar at all" * 64)
+    out = tmp_path / "out"
+    result = encode([tar, fake, "-o", out, "--model", ckpt, *BASE, "--workers", "0"])
+    assert result.exit_code == 1, result.output
+    summary = _summary(result)
+    assert summary["skipped_not_media"] == 1 and summary["by_status"] == {"ok": 1, "decode_error": 1, "unreadable": 1}
+    rows = {r["path"]: r for r in shard_tokens(out)[0]}
+    assert rows[f"{tar}/a/000000.png"]["status"] == "ok" and "sidecar" not in rows[f"{tar}/a/000000.png"]
+    assert rows[f"{tar}/a/000001.jpg"]["status"] == "decode_error"
+    assert rows[str(fake)]["status"] == "unreadable" and "tar" in rows[str(fake)]["error"]
