@@ -10,7 +10,9 @@ import typer
 
 Arg, Opt = typer.Argument, typer.Option
 
-Roots = Annotated[list[str], Arg(help="Folders or files to encode (walked recursively).")]
+Roots = Annotated[
+    list[str], Arg(help="Folders, files, URLs (s3://…) or WebDataset .tar shards (docs/remote.md).")
+]
 Out = Annotated[Path, Opt("--out", "-o", help="Output folder for shards and manifest.")]
 Model = Annotated[
     str, Opt(help="Checkpoint folder (HF layout) or hub id (its vision tensors only).")
@@ -53,7 +55,7 @@ OutDtype = Annotated[
     str, Opt("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")
 ]
 FilesFrom = Annotated[
-    Optional[str], Opt("--files-from", help="Read the paths from this file ('-' = stdin).")
+    Optional[str], Opt("--files-from", help="Read the paths (or URLs, .tar shards) from this file ('-' = stdin).")
 ]
 Null = Annotated[
     bool, Opt("--null", "-0", help="--files-from names end in NUL bytes (find -print0).")

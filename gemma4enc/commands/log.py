@@ -175,6 +175,12 @@ class Bar:
             elif not self.bar:
                 print(line, file=sys.stderr, flush=True)
 
+    def grow(self, files: int) -> None:
+        """More files to do, found while the run went on (a streamed discovery)."""
+        self.total += files
+        if self.bar:
+            self.bar.update(self.task, total=self.total)
+
     def close(self) -> None:
         if self.bar:
             self.bar.stop()

@@ -10,12 +10,11 @@ shards no row names, temp files, a torn last manifest line.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
 from ..errors import UsageError
-from ..media.discover import Item
+from ..media.discover import Item, exists
 from ..options import DEFAULT_FRAMES, OUT_DTYPES, Options, Sampling
 from ..output.files import MANIFEST, SHARD_RE, TEMP_RE, not_an_output
 from ..output.ledger import Ledger
@@ -99,7 +98,7 @@ def inspect_report(out: Path) -> dict:
         status[e.status] += 1
         kinds[e.kind] += 1
         tokens += e.tokens
-        deleted += not os.path.exists(path)
+        deleted += not exists(path)
         if e.status != Status.OK and len(failed) < 20:
             failed.append(e.offset)
     named = ledger.shards()

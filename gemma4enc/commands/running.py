@@ -208,7 +208,7 @@ def plan(
         model, revision = saved["model"], saved.get("revision")  # the width OUT's model projects to
     found = []
     for root in roots or []:  # a dry run warns about a missing root and plans the rest
-        if os.path.lexists(root):
+        if os.path.lexists(root) or "://" in root or "{" in root:  # URLs and brace patterns: discover checks them
             found.append(root)
         else:
             typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)

@@ -7,11 +7,13 @@ import itertools
 import os
 import stat
 import sys
+import tarfile
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from ..errors import UsageError
 from ..rows import Status
+from . import remote, webdataset
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
               ".pgm", ".pbm", ".ico", ".tga", ".heic", ".heif", ".hif", ".apng", ".jxl"}
@@ -77,7 +79,10 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
     A file `known` recognises (same size and mtime as its row) is only stat'ed: a re-run over
     a million known files costs a million stats, not a million opens; one it calls DONE gives
     None: ten million of them cost no Item each. `root`/`rel`: where a walk found it, kept on
-    the Item (also on a failed one)."""
+    the Item (also on a failed one). A URL or a tar's member is looked at through look_remote."""
+    if (path[:1] != "/" or root is not None and root.endswith(".tar")) and (
+            remote.is_url(path) or webdataset.member_of(path, root, rel)):
+        return look_remote(path, known, root, rel)
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
@@ -95,6 +100,79 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
     except OSError as e:
         return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel, Status.UNREADABLE)
     return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns, None, root, rel)
+
+
+def look_remote(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None,
+                info: dict | None = None) -> Item | None:
+    """look() for a URL (size and mtime from `info`, its listing entry, else asked for) or a tar's
+    member (root: the tar, rel: the member); first bytes are read only when `known` does not
+    recognise the file."""
+    member = webdataset.member_of(path, root, rel)
+    try:
+        if member:
+            entry = webdataset.index_of(root).get(rel)
+            if entry is None:
+                return Item(path, _ext_kind(path), 0, 0, "no such member in the tar", root, rel, Status.NOT_FOUND)
+            size, mtime = entry[1], entry[2] * 1_000_000_000
+        elif info is None:
+            size, mtime, _ = remote.head(path, 0)
+        else:
+            size, mtime = int(info.get("size") or 0), remote.stamp(info)
+        kind = known(path, size, mtime) if known else None
+        if kind is DONE:
+            return None
+        if kind:
+            return Item(path, kind, size, mtime, None, root, rel)
+        if member:
+            with webdataset.open_member(root, rel) as f:
+                head = f.read(SNIFF_BYTES)
+        else:
+            head = remote.first_bytes(path, SNIFF_BYTES) if size else b""
+    except FileNotFoundError:
+        return Item(path, _ext_kind(path), 0, 0, "file not found", root, rel, Status.NOT_FOUND)
+    except UsageError:
+        raise
+    except (OSError, tarfile.TarError) as e:
+        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {getattr(e, 'strerror', None) or e}", root, rel,
+                    Status.UNREADABLE)
+    return Item(path, kind_of(path, head), size, mtime, None, root, rel)
+
+
+def _tar_members(tar: str) -> Iterable[tuple]:
+    """discover's candidates for one WebDataset tar: every member but the sidecars, sniffed through
+    the tar's file object; a tar that is not one is a row saying so."""
+    try:
+        f, found = webdataset.members(tar)
+    except FileNotFoundError:
+        raise UsageError(f"{tar}: no such file or folder") from None
+    except (OSError, tarfile.TarError) as e:
+        reason = f"cannot read this tar: {getattr(e, 'strerror', None) or e}"
+        yield tar, tar, True, None, lambda known: Item(tar, "unknown", 0, 0, reason, status=Status.UNREADABLE)
+        return
+
+    def maker(name, offset, size, mtime):
+        def make(known):
+            path, mtime_ns = f"{tar}/{name}", mtime * 1_000_000_000
+            kind = known(path, size, mtime_ns) if known else None
+            if kind is DONE:
+                return None
+            if not kind:
+                f.seek(offset)
+                kind = kind_of(name, f.read(min(size, SNIFF_BYTES)))
+            return Item(path, kind, size, mtime_ns, None, tar, name)
+        return make
+
+    with f:
+        for name, (offset, size, mtime) in found.items():
+            yield f"{tar}/{name}", name, False, tar, maker(name, offset, size, mtime)
+
+
+def _url_files(url: str, hidden: bool, errors: list) -> Iterable[tuple]:
+    """discover's candidates under a URL: its listing, one folder at a time."""
+    for path, rel, root, info in remote.walk(url, hidden, errors):
+        yield path, rel, root is None, root, (
+            lambda known, path=path, root=root, rel=rel, info=info: look_remote(
+                path, known, root, None if root is None else rel, info))
 
 
 def _ext_kind(path: str) -> str:
@@ -182,39 +260,106 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     With `null` the list's names end in NUL bytes (find -print0): a name may hold a newline.
     `known`: see look(); the files it calls DONE are left out of the list.
     """
+    counts = {}
+    (items,) = discover_chunks(roots, files_from, include, exclude, hidden, null, out, known, None, counts)
+    return items, counts["skipped"]
+
+
+CHUNK = 50_000  # Items a streamed discovery holds at a time (~430 bytes each with their strings)
+
+
+def discover_chunks(roots: list[str], files_from: str | None = None, include: list[str] = (),
+                    exclude: list[str] = (), hidden: bool = False, null: bool = False, out: str | None = None,
+                    known: Known | None = None, chunk: int | None = 0, counts: dict | None = None):
+    """discover(), as sorted lists of about `chunk` items, found as they are asked for: memory holds a
+    chunk, not the folder. Each chunk is sorted; the whole is one list in discover()'s order when
+    it fits in one chunk. Only walked roots none of which lies inside another stream: files
+    named on the command line or in --files-from could be named twice, and one row a path needs
+    the whole list. `counts["skipped"]`: files skipped as not media so far; `counts["last"]`: set
+    when the chunk being handed over is the last. At least one chunk
+    (maybe empty) is yielded; roots are checked before the first. chunk=0: CHUNK; None: one list.
+    """
+    chunk = CHUNK if chunk == 0 else chunk
+    counts = {} if counts is None else counts
+    counts["skipped"] = 0
     named: list[str] = []
     walked = []  # per root: (path, path relative to its root: what globs see, root), walked lazily
+    elsewhere = []  # per URL or tar root: (path, rel, explicit, root, make(known) → Item)
+    walked_roots, remote_roots = [], []
     listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []
+    roots = [p for r in roots for p in _expanded(r)]
+    listed = [p for r in listed for p in _expanded(r)]
     for root in roots:
-        if not os.path.lexists(root):  # a typo on the command line, not a file that vanished: say so now
+        if not remote.is_url(root) and not os.path.lexists(root):  # a typo, not a file that vanished: say so now
             raise UsageError(f"{root}: no such file or folder")
     seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
     for root in [*roots, *listed]:
-        if os.path.isdir(root):
+        url = remote.is_url(root)
+        if webdataset.is_tar(root) and (url or os.path.isfile(root)):
+            remote_roots.append(root if url else os.path.abspath(root))
+            elsewhere.append(_tar_members(remote_roots[-1]))
+        elif url:
+            remote_roots.append(root)
+            elsewhere.append(_url_files(root, hidden, unlisted))
+        elif os.path.isdir(root):
             root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
+            walked_roots.append(root)
             walked.append(_below(root, walk(root, hidden, unlisted, skip=out, seen=seen)))
         else:
             named.append(root)
+    if chunk is not None and (named or listed or _nested([*walked_roots, *remote_roots])):
+        chunk = None  # a path may come twice: one list, deduplicated, as ever
     items: dict[str, Item] = {}
-    skipped = 0
     # generators, not lists: at a million files each list of them costs ~100 MB
-    candidates = itertools.chain(((os.path.abspath(p), p, True, None) for p in named),
-                                 ((p, rel, False, root) for p, rel, root in itertools.chain(*walked)))
+    candidates = itertools.chain(((os.path.abspath(p), p, True, None, None) for p in named),
+                                 ((p, rel, False, root, None) for p, rel, root in itertools.chain(*walked)),
+                                 *elsewhere)
     include, exclude = list(include), list(exclude)
-    for path, rel, explicit, root in candidates:
+    for path, rel, explicit, root, make in candidates:
         if (include or exclude) and not _matches(rel, include, exclude):
             continue
-        item = look(path, known, root, None if root is None else rel)
+        item = look(path, known, root, None if root is None else rel) if make is None else make(known)
         if item is None:
             continue  # done already: `known` counted it
         if item.kind == "unknown" and not explicit:
-            skipped += 1
+            counts["skipped"] += 1
             continue
         items[item.path] = item
+        if chunk is not None and len(items) >= chunk:
+            yield sorted(items.values(), key=lambda i: i.path)
+            items = {}
     for path, reason in unlisted:  # a row says which folder was not read, and why
-        path = os.path.abspath(path)
+        path = path if remote.is_url(path) else os.path.abspath(path)
         items.setdefault(path, Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}",
                                     status=Status.UNREADABLE))
-    return sorted(items.values(), key=lambda i: i.path), skipped
+    counts["last"] = True  # what follows is the last chunk: a caller need not stream
+    yield sorted(items.values(), key=lambda i: i.path)
 
+
+def _nested(roots: list[str]) -> bool:
+    """Whether one root lies inside another (or is given twice): its files would come twice."""
+    ordered = sorted(r.rstrip("/") + "/" for r in roots)
+    return any(b.startswith(a) for a, b in zip(ordered, ordered[1:]))
+
+
+
+def _expanded(root: str) -> list[str]:
+    """A brace pattern (shard-{00000..00099}.tar) as its names; a local name that exists as written
+    is taken as written."""
+    if "{" not in root or (not remote.is_url(root) and os.path.lexists(root)):
+        return [root]
+    return webdataset.expand(root)
+
+
+def exists(path: str) -> bool:
+    """Whether an input is still there: a local file, a URL (asked of its store), a tar's member (its tar)."""
+    tar, sep, _ = path.partition(".tar/")
+    if sep and (remote.is_url(path) or os.path.isfile(tar + ".tar")):
+        path = tar + ".tar"
+    if remote.is_url(path):
+        try:
+            return remote.exists(path)
+        except (OSError, UsageError):
+            return True  # cannot tell: nothing is pruned or counted as deleted on a guess
+    return os.path.exists(path)

@@ -85,8 +85,12 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise DecodeError(Status.TOO_LARGE, f"{e} (raise --max-image-pixels to allow it)") from None
     except Image.UnidentifiedImageError:
-        with open(path, "rb") as f:
-            looks_like_image = sniff(f.read(SNIFF_BYTES)) == "image"
+        if isinstance(path, str):
+            with open(path, "rb") as f:
+                looks_like_image = sniff(f.read(SNIFF_BYTES)) == "image"
+        else:  # a file object (a URL's, a tar member's)
+            path.seek(0)
+            looks_like_image = sniff(path.read(SNIFF_BYTES)) == "image"
         if looks_like_image:
             raise DecodeError(Status.DECODE_ERROR, "corrupt image: its header is unreadable") from None
         raise DecodeError(Status.UNSUPPORTED, "the content is not an image format Pillow reads") from None

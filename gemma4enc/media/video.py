@@ -306,6 +306,9 @@ def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixel
     `indices` says which frames were taken.
     """
     codec = guard(_probe, path, max_pixels)
+    if not isinstance(path, str):  # a file object (a URL's, a tar member's): PyAV reads it, decord takes names
+        path.seek(0)
+        return guard(decode_video_pyav, path, sampling, transform, seek)
     if backend == "decord":
         return guard(decode_video_decord, path, sampling, transform, seek)
     try:

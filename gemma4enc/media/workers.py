@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Iterator
 from ..options import Options
 from ..rows import Status
 from . import video as decoding
+from . import webdataset
 from .decode import DecodeError, decode, prefit
 from .discover import Item
 from .patches import Patches, patchify
@@ -39,6 +40,7 @@ class Decoded:
     sha256: str | None = None
     status: str = Status.OK
     error: str | None = None
+    sidecar: dict | None = None  # a tar member's: its sample's .json / .txt (webdataset.sidecars)
 
 
 def prepare(item: Item, options: Options) -> Decoded:
@@ -49,11 +51,15 @@ def prepare(item: Item, options: Options) -> Decoded:
         return Decoded(item, status=Status.UNSUPPORTED, error="not an image or video format we know")
     if item.size == 0:
         return Decoded(item, status=Status.EMPTY, error="the file is empty (0 bytes)")
+    elsewhere = item.path[:1] != "/" or item.root is not None and item.root.endswith(".tar")
+    source = item.path
     try:
-        digest = sha256(item.path) if options.hash else None
+        if elsewhere:  # a URL or a tar's member: the decoders read a file object
+            source = webdataset.open_source(item.path, item.root, item.rel)
+        digest = sha256(item.path, item.root, item.rel) if options.hash else None
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
         shrink = prefit if item.kind == "video" and options.resize == "fast" else lambda image, _: image
-        frames = decode(item.path, item.kind, options.sampling, options.video_backend, options.max_image_pixels,
+        frames = decode(source, item.kind, options.sampling, options.video_backend, options.max_image_pixels,
                         transform=lambda image: patchify(shrink(image, budget), budget),
                         fit=budget if options.resize == "fast" else None, seek=options.seek)
         video = {}
@@ -64,9 +70,13 @@ def prepare(item: Item, options: Options) -> Decoded:
                 video["truncated"] = True
             if frames.info.get("missing"):  # asked for, not decodable: the row says which
                 video["missing_frames"] = frames.info["missing"]
-        return Decoded(item, frames.images, int(frames.info["width"]), int(frames.info["height"]), video, digest)
+        sidecar = None
+        if elsewhere and webdataset.member_of(item.path, item.root, item.rel):
+            sidecar = webdataset.sidecars(item.root, item.rel) or None
+        return Decoded(item, frames.images, int(frames.info["width"]), int(frames.info["height"]), video, digest,
+                       sidecar=sidecar)
     except DecodeError as e:
-        if not os.path.exists(item.path):  # decoders word a vanished file as a corrupt one
+        if not elsewhere and not os.path.exists(item.path):  # decoders word a vanished file as a corrupt one
             return Decoded(item, status=Status.NOT_FOUND, error="the file vanished before it was decoded")
         return Decoded(item, status=e.status, error=str(e))
     except FileNotFoundError:
@@ -77,10 +87,14 @@ def prepare(item: Item, options: Options) -> Decoded:
         return Decoded(item, status=Status.TOO_LARGE, error="decoding it ran out of host memory")
     except Exception as e:  # noqa: BLE001 - a decoder's surprise must cost one file, not the run
         return Decoded(item, status=Status.DECODE_ERROR, error=f"{type(e).__name__}: {str(e)[:300]}")
+    finally:
+        if source is not item.path:
+            source.close()
 
 
-def sha256(path: str) -> str:
-    with open(path, "rb") as f:
+def sha256(path: str, root: str | None = None, rel: str | None = None) -> str:
+    source = webdataset.open_source(path, root, rel)
+    with source if source is not path else open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 

@@ -4,10 +4,10 @@ run by `compact`, and by a run itself once superseded rows outnumber the live on
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..errors import UsageError
+from ..media.discover import exists
 from .files import MANIFEST, SHARD_RE, atomic_write, line_of, not_an_output
 from .ledger import Ledger
 
@@ -37,7 +37,7 @@ def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dic
     ledger = (ledger or Ledger(out)).refresh()
     if not ledger.path.exists():
         raise UsageError(not_an_output(out))
-    gone = {ledger.get(p).offset: p for p in ledger if not os.path.exists(p)} if prune else {}
+    gone = {ledger.get(p).offset: p for p in ledger if not exists(p)} if prune else {}
     moved, replaced = _rewrite_shards(out, ledger, gone) if gone else ({}, [])  # before the manifest: see above
     live = ledger.live_offsets()
 

@@ -39,6 +39,8 @@ class Unchanged:
         if status == LOST or (self.options.retry_failed and status != Status.OK) or (
                 self.options.hash and status == Status.OK):
             return self.ledger.kind_at(r)  # still_to_do decides (and hashes): not opened, kept
+        if r >= len(self.rows):  # a row read since (a streamed discovery goes on under the lock)
+            self.rows.extend(bytes(r + 1 - len(self.rows)))
         self.rows[r] = 1
         return DONE
 
@@ -89,7 +91,7 @@ def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger |
             from ..media.workers import sha256
 
             try:
-                digest = sha256(item.path)
+                digest = sha256(item.path, item.root, item.rel)
             except OSError:
                 todo.append(item)  # let decode say why it cannot be read
                 continue
@@ -117,7 +119,7 @@ def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
         from ..media.workers import sha256
 
         try:
-            digest = sha256(item.path)
+            digest = sha256(item.path, item.root, item.rel)
         except OSError:
             return None
     for path, entry in found:

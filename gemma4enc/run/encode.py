@@ -28,7 +28,7 @@ def encode(roots, out: Path, flags: dict | None = None, given=(), *, files_from=
     their defaults); `given`: the names the user gave. For the output-shaping settings not given,
     OUT/settings.json is read back (Options.resume), and what it changed is logged. The summary
     --json prints, with `skipped_not_media`."""
-    from ..media.discover import discover
+    from ..media.discover import discover_chunks
 
     out = Path(out)
     log = log or (lambda message: None)
@@ -40,11 +40,13 @@ def encode(roots, out: Path, flags: dict | None = None, given=(), *, files_from=
         raise UsageError("nothing to encode: give folders or files, or --files-from")
     ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
     unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
-    items, skipped = discover(list(roots or []), files_from, list(include or []), list(exclude or []), hidden, null,
-                              str(out), known=unchanged.known)
+    counts = {}  # skipped as not media, counted as discovery goes on
+    chunks = discover_chunks(list(roots or []), files_from, list(include or []), list(exclude or []), hidden, null,
+                             str(out), known=unchanged.known, counts=counts)
+    items = next(chunks)  # the rest is found as the engine reaches it, under OUT's lock
     report = encode_files(items, out, options, bar=bar or _Quiet, log=log, overwrite=overwrite, ledger=ledger,
-                          unchanged=unchanged)
-    return report | {"skipped_not_media": skipped}
+                          unchanged=unchanged, more=None if counts.get("last") else chunks)
+    return report | {"skipped_not_media": counts["skipped"]}
 
 
 class _Quiet:
@@ -61,12 +63,14 @@ class _Quiet:
 
 
 def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
-                 ledger: Ledger | None = None, unchanged: Unchanged | None = None) -> dict:
+                 ledger: Ledger | None = None, unchanged: Unchanged | None = None, more=None) -> dict:
     """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints.
 
     `ledger`: OUT's manifest as discovery read it (read on here, not again from the start).
     `unchanged`: the files discovery left out of `items` as done (counted, looked at again if
     their rows changed meanwhile).
+    `more`: discovery's further chunks (discover_chunks), decided as the engine reaches them
+    (run/stream.py); the Ray driver takes them all before it starts.
     """
     from .preflight import can_wait, named, preflight
 
@@ -97,18 +101,39 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
             if unchanged is not None:
                 items = unchanged.again(items)
             todo = still_to_do(items, out, options, ledger)
-            found = len(items) + len(unchanged or ())  # the files discovery found, done ones counted only
+            stream = None
+            if more is not None:
+                from .stream import Stream
+
+                stream = Stream(items, todo, more, lambda chunk: still_to_do(chunk, out, options, ledger))
+                todo = stream.primed()
+                if todo and options.engine == "ray":
+                    todo = list(todo)  # the driver cuts the whole list into tasks
+                items = ()
+            appended_from = ledger.path.stat().st_size if stream is not None and ledger.path.exists() else 0
+            # the files discovery found, done ones counted only
+            found = (stream.found if stream else len(items)) + len(unchanged or ())
             if todo and deferred:
                 options, extra = preflight(options)  # now the model will load: find it, check the devices
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
+            if stream is not None:
+                bar = (lambda make: lambda n: stream.watch(make(n)))(bar)
             run = Run(out, options, bar, log, done=found - len(todo), ready=ready, pool=pool)
             try:
                 summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not deferred)
             except TooManyFailures as e:
                 raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
+            if stream is not None:  # no list of the files to look them up by: the rows this run appended
+                from .stream import failures_since
+
+                found, done = stream.found + len(unchanged or ()), stream.found + len(unchanged or ()) - stream.todo
+                names, count = failures_since(out, appended_from) if todo else ([], 0)
+                failures = names + [""] * (count - len(names))
             ledger.refresh()  # only the rows this run appended
-            failures = [f"{Path(i.path).name}: {r.status}" for i in todo
-                        if (r := ledger.get(i.path)) and r.status != Status.OK]
+            if stream is None:
+                done = found - len(todo)
+                failures = [f"{Path(i.path).name}: {r.status}" for i in todo
+                            if (r := ledger.get(i.path)) and r.status != Status.OK]
             note = maybe_compact(out, ledger)
             if note:
                 log(note)
@@ -122,7 +147,7 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     if failures:
         log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
     return {
-        "out": str(out), "files": found, "done_before": found - len(todo), "encoded": summary.ok,
+        "out": str(out), "files": found, "done_before": done, "encoded": summary.ok,
         "failed": summary.failed, "by_status": summary.by_status, "frames": summary.frames,
         "tokens": summary.tokens, "patches": summary.patches, "seconds": round(summary.seconds, 3),
         "items_per_s": round(summary.files / summary.seconds, 3) if summary.seconds else None,

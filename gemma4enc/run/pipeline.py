@@ -72,7 +72,7 @@ def ok_row(d: Decoded, frames: list[torch.Tensor]) -> Row:
     return Row(item.path, item.kind, item.size, item.mtime_ns, Status.OK, tokens=sum(f.shape[0] for f in frames),
                frames=len(frames), root=item.root if item.rel else None, rel=item.rel,
                frame_tokens=[f.shape[0] for f in frames], width=d.width, height=d.height, video=d.video,
-               sha256=d.sha256)
+               sha256=d.sha256, extra={"sidecar": d.sidecar} if d.sidecar else {})
 
 
 def failed_row(item: Item, status: str, message: str) -> Row:

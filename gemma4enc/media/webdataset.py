@@ -1,0 +1,173 @@
+"""WebDataset shards as inputs: a .tar (local or by URL, brace patterns such as
+shard-{00000..00099}.tar) read as the files it holds, without unpacking.
+
+Each image or video member is one item keyed TAR_PATH/MEMBER; its sample's sidecars (the
+members with the same key ending .json or .txt, as img2dataset writes them) go into its row.
+Decoding reads a member's bytes in place: the tar's headers are indexed once per process
+(tarfile, seeking header to header) and a member is a window on the tar's file object.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+from collections import OrderedDict
+
+from . import remote
+
+SIDECARS = (".json", ".txt")
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
+
+
+def is_tar(path: str) -> bool:
+    return path.endswith(".tar")
+
+
+def expand(pattern: str) -> list[str]:
+    """Brace patterns as WebDataset writes them: {00000..00099} (zero padding kept) and {a,b}."""
+    found = [m for m in (_RANGE.search(pattern), _CHOICE.search(pattern)) if m]
+    if not found:
+        return [pattern]
+    m = min(found, key=lambda m: m.start())  # the leftmost first: names come out in order
+    if m.re is _RANGE:
+        lo, hi = m.group(1), m.group(2)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        choices = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+    else:
+        choices = m.group(1).split(",")
+    head, tail = pattern[:m.start()], pattern[m.end():]
+    return [p for c in choices for p in expand(head + c + tail)]
+
+
+def _open(tar: str):
+    return remote.open_url(tar) if remote.is_url(tar) else open(tar, "rb")
+
+
+def sample_key(name: str) -> str:
+    """WebDataset's key of a member: its path up to the first dot of the file name."""
+    folder, _, base = name.rpartition("/")
+    return (folder + "/" if folder else "") + base.split(".", 1)[0]
+
+
+def _index(f) -> dict[str, tuple[int, int, int]]:
+    """member name → (data offset, size, mtime) of every regular file, in the tar's order."""
+    members = {}
+    with tarfile.open(fileobj=f, mode="r:") as t:
+        for m in t:
+            if m.isreg():
+                members[m.name] = (m.offset_data, m.size, int(m.mtime))
+    return members
+
+
+def members(tar: str) -> tuple[object, dict]:
+    """(the tar's open file, member name → (offset, size, mtime) of its samples' media candidates):
+    every regular member but the sidecars, which travel with their sample's row. The caller
+    closes the file (it reads first bytes through it)."""
+    f = _open(tar)
+    try:
+        index = _index(f)
+    except BaseException:
+        f.close()
+        raise
+    return f, {name: entry for name, entry in index.items() if not name.endswith(SIDECARS)}
+
+
+def member_of(path: str, root: str | None, rel: str | None) -> bool:
+    """Whether an item is a tar's member: its root is the tar (a file), its rel the member."""
+    return root is not None and rel is not None and is_tar(root) and path == f"{root}/{rel}" and (
+        remote.is_url(root) or not os.path.isdir(root))
+
+
+def open_source(path: str, root: str | None, rel: str | None):
+    """What a decoder reads an item from: its local path (a str, as before), or a file object for
+    a URL or a tar's member."""
+    if member_of(path, root, rel):
+        return open_member(root, rel)
+    if remote.is_url(path):
+        return remote.open_url(path)
+    return path
+
+
+# the last few tars' indexes in this process: a worker decodes a tar's members one after another
+_INDEXES: OrderedDict[str, dict] = OrderedDict()
+
+
+def index_of(tar: str) -> dict:
+    if tar not in _INDEXES:
+        with _open(tar) as f:
+            _INDEXES[tar] = _index(f)
+        while len(_INDEXES) > 4:
+            _INDEXES.popitem(last=False)
+    _INDEXES.move_to_end(tar)
+    return _INDEXES[tar]
+
+
+class _Window(io.RawIOBase):
+    """Bytes [offset, offset + size) of a seekable file, as a file of its own."""
+
+    def __init__(self, f, offset: int, size: int):
+        self.f, self.offset, self.size, self.pos = f, offset, size, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, pos, whence=0):
+        self.pos = max(0, {0: pos, 1: self.pos + pos, 2: self.size + pos}[whence])
+        return self.pos
+
+    def readinto(self, b):
+        n = max(0, min(len(b), self.size - self.pos))
+        if not n:
+            return 0
+        self.f.seek(self.offset + self.pos)
+        data = self.f.read(n)
+        b[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def close(self):
+        if not self.closed:
+            self.f.close()
+        super().close()
+
+
+def open_member(tar: str, name: str):
+    """A seekable binary file object over one member's bytes."""
+    entry = index_of(tar).get(name)
+    if entry is None:
+        raise FileNotFoundError(2, "no such member in the tar", f"{tar}/{name}")
+    offset, size, _ = entry
+    return io.BufferedReader(_Window(_open(tar), offset, size), buffer_size=1 << 16)
+
+
+def sidecars(tar: str, name: str) -> dict:
+    """The sample's .json (parsed; its text where it is not JSON) and .txt members, by extension."""
+    index, key, found = index_of(tar), sample_key(name), {}
+    for ext in SIDECARS:
+        entry = index.get(key + ext)
+        if entry is None:
+            continue
+        offset, size, _ = entry
+        with _open(tar) as f:
+            f.seek(offset)
+            text = f.read(size).decode("utf-8", "replace")
+        if ext == ".json":
+            try:
+                found["json"] = json.loads(text)
+                continue
+            except ValueError:
+                pass
+        found[ext[1:]] = text
+    return found
+
+
