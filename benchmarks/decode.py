@@ -50,15 +50,16 @@ def log(message: str) -> None:
 
 def child(spec: dict) -> dict:
     """Run one method over the files `repeats` times; CPU seconds per file, RSS after imports."""
-    from gemma4enc.options import Sampling
-    from gemma4enc.media.discover import SNIFF_BYTES, Item, sniff
-    from gemma4enc.options import Options
+    from gemma4enc.media.kinds import SNIFF_BYTES, Item, sniff
     from gemma4enc.media.workers import prepare
+    from gemma4enc.options import Options, Sampling
 
     method, files, label = spec["method"], spec["files"], spec["label"]
     if method == "transformers":
         from PIL import Image, ImageOps
-        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+        from transformers.models.gemma4.image_processing_pil_gemma4 import (
+            Gemma4ImageProcessorPil,
+        )
 
         from gemma4enc.media.image import _register_heif
 
@@ -85,7 +86,9 @@ def child(spec: dict) -> dict:
                 raise SystemExit(f"{path}: {d.status}: {d.error}")
             return sum(p.n for p in d.patches), len(d.patches)
 
-    from gemma4enc.dev.e2e import peak_rss  # VmHWM, not ru_maxrss: Linux carries that across exec from the parent
+    from gemma4enc.dev.e2e import (
+        peak_rss,  # VmHWM, not ru_maxrss: Linux carries that across exec from the parent
+    )
 
     base_rss = peak_rss()  # the modules a worker holds
     one(files[0])  # warm-up: first-call costs (codec tables, lazy imports) are not per-file costs
@@ -131,9 +134,9 @@ def profile(files: list[str], budget: int, resize: str, top: int = 6) -> dict[st
     import cProfile
     import pstats
 
-    from gemma4enc.media.discover import Item
-    from gemma4enc.options import Options
+    from gemma4enc.media.kinds import Item
     from gemma4enc.media.workers import prepare
+    from gemma4enc.options import Options
 
     options = Options(image_tokens=budget, resize=resize)
     items = [Item(f, "image", os.path.getsize(f), 0) for f in files]

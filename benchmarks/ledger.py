@@ -97,8 +97,8 @@ class Output:
     """A finished output folder written shard by shard: settings.json, shards, manifest.jsonl."""
 
     def __init__(self, out: Path, ckpt: Path):
-        from gemma4enc.output.files import MANIFEST
         from gemma4enc.options import Options
+        from gemma4enc.output.files import MANIFEST
         from gemma4enc.output.settings import settings_of
 
         out.mkdir(parents=True)

@@ -64,7 +64,10 @@ def checkpoint(work: Path, layers: int) -> Path:
         return folder
     import torch
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
-    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
+    from transformers.models.gemma4.configuration_gemma4 import (
+        Gemma4TextConfig,
+        Gemma4VisionConfig,
+    )
 
     from gemma4enc.dev.bench import SIZES
     from gemma4enc.dev.demo import randomize_

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from gemma4enc.dev.benchmedia import write_clip
-from gemma4enc.options import Sampling
 from gemma4enc.media.decode import decode_video
+from gemma4enc.options import Sampling
 
 CLIPS = {"gop30.mp4": {"g": "30", "bf": "0", "sc_threshold": "0"},  # 1 s GOP at 30 fps, as phones write
          "gop250.mp4": {"g": "250", "bf": "3", "sc_threshold": "0"}}  # x264's default GOP, B-frames

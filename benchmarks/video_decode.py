@@ -17,7 +17,6 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +24,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemma4enc.media import video as decode  # noqa: E402
-from gemma4enc.options import Sampling
 from gemma4enc.media.decode import decode_video, prefit  # noqa: E402
-from gemma4enc.media.patches import PATCH, patchify, target_size  # noqa: E402
+from gemma4enc.media.patches import PATCH, patchify  # noqa: E402
+from gemma4enc.options import Sampling
 
 TOKENS = 70  # Gemma4VideoProcessor's budget per frame
 BITS = 12  # index bits in the bar code: up to 4095 frames

@@ -99,7 +99,9 @@ class FramesVideoProcessor(VideoProcessorMixin):
 
     def preprocess(self, videos, video_metadata=None, **kwargs):
         from transformers import BatchFeature
-        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+        from transformers.models.gemma4.image_processing_pil_gemma4 import (
+            Gemma4ImageProcessorPil,
+        )
 
         pil = Gemma4ImageProcessorPil(max_soft_tokens=self.max_soft_tokens)
         feats = [pil([list(v)], return_tensors="pt") for v in videos]
@@ -115,8 +117,12 @@ class FramesVideoProcessor(VideoProcessorMixin):
 def processor(image_tokens: int, video_tokens: int = 70):
     """Gemma4Processor (PIL image processor) with the stand-in video processor."""
     from transformers import Gemma4Processor
-    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
-    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+    from transformers.models.gemma4.feature_extraction_gemma4 import (
+        Gemma4AudioFeatureExtractor,
+    )
+    from transformers.models.gemma4.image_processing_pil_gemma4 import (
+        Gemma4ImageProcessorPil,
+    )
 
     class Processor(Gemma4Processor):
         def check_argument_for_proper_class(self, name, argument):

@@ -126,7 +126,9 @@ def reference(folder, dtype=torch.float32):
 
 
 def hf_image_features(ref, image, budget=280):
-    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+    from transformers.models.gemma4.image_processing_pil_gemma4 import (
+        Gemma4ImageProcessorPil,
+    )
 
     feats = Gemma4ImageProcessorPil(max_soft_tokens=budget)(images=[image], return_tensors="pt")
     dtype = ref.model.vision_tower.patch_embedder.input_proj.weight.dtype

@@ -41,7 +41,10 @@ COMMON = dict(patch_size=16, pooling_kernel_size=3, position_embedding_size=1024
 
 def config(size: str):
     from transformers import Gemma4Config
-    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
+    from transformers.models.gemma4.configuration_gemma4 import (
+        Gemma4TextConfig,
+        Gemma4VisionConfig,
+    )
 
     vision, width, _ = RELEASED[size]
     vcfg = Gemma4VisionConfig(**vision, **COMMON, global_head_dim=vision["head_dim"])

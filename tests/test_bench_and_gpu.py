@@ -53,7 +53,6 @@ def test_e2e_bench_generates_real_kinds_once_and_reports_each(tmp_path, monkeypa
 
 
 def test_e2e_bench_samples_a_folder_by_kind(tmp_path, photos):
-    from PIL import Image
 
     for i, image in enumerate(photos[:3]):
         image.save(tmp_path / f"p{i}.jpg")

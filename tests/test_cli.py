@@ -124,12 +124,11 @@ def test_bucket_equals_serial_and_pack_is_close(media, ckpt_sharded, tmp_path):
 
 def test_several_devices_equal_one_and_share_the_work(media, ckpt_sharded, tmp_path):
     """--devices: one tower per device, windows to the first free one, output bit-equal to one device."""
-    from gemma4enc.options import Sampling
     from gemma4enc.media.discover import discover
-    from gemma4enc.options import Options
-    from gemma4enc.run.pipeline import run as run_pipeline
-    from gemma4enc.output.shards import ShardWriter
     from gemma4enc.model.load import load_tower
+    from gemma4enc.options import Options, Sampling
+    from gemma4enc.output.shards import ShardWriter
+    from gemma4enc.run.pipeline import run as run_pipeline
 
     one = encode([media, "-o", tmp_path / "one", "--model", ckpt_sharded, *BASE])
     two = encode([media, "-o", tmp_path / "two", "--model", ckpt_sharded, *BASE, "--devices", "cpu,cpu"])

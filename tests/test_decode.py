@@ -9,9 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gemma4enc.media.decode import DecodeError, decode_image, decode_video, snap_to_keyframes
-from gemma4enc.options import Sampling
 from gemma4enc.dev.demo import read_barcode, rotate_mp4, write_video
+from gemma4enc.media.decode import (
+    DecodeError,
+    decode_image,
+    decode_video,
+    snap_to_keyframes,
+)
+from gemma4enc.options import Sampling
 
 MAX = 89_478_485
 
@@ -168,8 +173,8 @@ def test_keyframe_seek_takes_and_records_keyframes(clips, name, backend):
 
 def test_keyframe_seek_reaches_the_manifest_fields(clips):
     from gemma4enc.media.discover import discover
-    from gemma4enc.options import Options
     from gemma4enc.media.workers import prepare
+    from gemma4enc.options import Options
 
     (item,), _ = discover([str(clips / "h264.mp4")])
     exact = prepare(item, Options(sampling=Sampling(frames=8)))
@@ -202,9 +207,9 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_fast_resize_holds_the_floor_on_full_hd_frames(full_hd):
     from gemma4enc.media.discover import discover
-    from gemma4enc.options import Options
     from gemma4enc.media.patches import patchify
     from gemma4enc.media.workers import prepare
+    from gemma4enc.options import Options
 
     (item,), _ = discover([str(full_hd)])
     fast = prepare(item, Options(sampling=Sampling(frames=6)))

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import gemma4enc
-from gemma4enc.output import export as export_module
-from gemma4enc.output import formats
 from gemma4enc.commands.cli import app
 from gemma4enc.errors import UsageError
+from gemma4enc.output import export as export_module
+from gemma4enc.output import formats
 from gemma4enc.output.npreader import Shard
 
 from .helpers import RUN, folder_with_history

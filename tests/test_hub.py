@@ -12,11 +12,11 @@ import torch
 from safetensors import safe_open
 
 import gemma4enc
-from gemma4enc.model import hub as hub_mod
-from gemma4enc.model.hub import ranges as hub_ranges
 from gemma4enc.commands.cli import app
 from gemma4enc.errors import UsageError
+from gemma4enc.model import hub as hub_mod
 from gemma4enc.model.checkpoint import find_checkpoint
+from gemma4enc.model.hub import ranges as hub_ranges
 
 from .helpers import BASE, RUN, encode, photo
 from .hub_server import HubServer, build_checkpoint, headers_and_vision

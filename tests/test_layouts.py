@@ -15,13 +15,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gemma4enc.dev import demo
-from gemma4enc.model import layouts
 from gemma4enc.errors import UsageError
-from gemma4enc.model.load import load_tower
 from gemma4enc.media.patches import patchify
+from gemma4enc.model import layouts
+from gemma4enc.model.load import load_tower
 
-from .helpers import encode_argv, flags, photo
 from .helpers import encode as run_encode
+from .helpers import encode_argv, flags, photo
 from .helpers import shard_tokens as read_shards
 
 FLAGS = flags(json=False, frames=None)

@@ -14,9 +14,9 @@ import torch
 from typer.testing import CliRunner
 
 import gemma4enc
+from gemma4enc.commands.cli import app
 from gemma4enc.media import discover as discover_module
 from gemma4enc.output import compact as compacting
-from gemma4enc.commands.cli import app
 from gemma4enc.output.files import MANIFEST, line_of
 from gemma4enc.output.ledger import Ledger
 
@@ -226,8 +226,8 @@ def probe(item, options):
 def test_decode_workers_start_without_torch_or_transformers(tmp_path, monkeypatch):
     """Workers start from a forkserver that preloads only our decoders (started early, taken over by map)."""
     from gemma4enc.media.discover import look
-    from gemma4enc.options import Options
     from gemma4enc.media.workers import DecodePool
+    from gemma4enc.options import Options
 
     (tmp_path / "ledger_probe.py").write_text(PROBE)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -247,8 +247,8 @@ def test_decode_workers_start_without_torch_or_transformers(tmp_path, monkeypatc
 def test_a_fresh_run_starts_its_workers_before_torch_loads_and_closes_them(ckpt, tmp_path, monkeypatch):
     """A new output folder surely has work: its decode workers start before preflight (which imports
     torch) and the engine takes them over; a bad model still leaves no worker behind."""
-    from gemma4enc.run import preflight as preflight_module
     from gemma4enc.media import workers
+    from gemma4enc.run import preflight as preflight_module
 
     events = []
     real_start, real_preflight, real_map = workers.DecodePool.start, preflight_module.preflight, workers.DecodePool.map

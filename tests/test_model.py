@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from gemma4enc.model import checkpoint as model_mod
 from gemma4enc.errors import UsageError
+from gemma4enc.model import checkpoint as model_mod
 from gemma4enc.model.load import load_tower
 
 from .helpers import reference

@@ -9,9 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gemma4enc.commands.cli import app
-from gemma4enc.options import Sampling
 from gemma4enc.errors import UsageError
-from gemma4enc.options import Options, format_size, parse_size
+from gemma4enc.options import Options, Sampling, format_size, parse_size
 
 RUN = CliRunner()
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+from transformers.models.gemma4.image_processing_pil_gemma4 import (
+    get_aspect_ratio_preserving_size,
+)
 
 from gemma4enc.media.patches import PATCH, POOL, target_size
 from gemma4enc.options import SOFT_TOKEN_BUDGETS

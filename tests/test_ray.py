@@ -15,12 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from gemma4enc.media.discover import discover
 from gemma4enc.errors import UsageError
+from gemma4enc.media.discover import discover
 from gemma4enc.options import Options
 
 from .corpus import good_media
-from .helpers import BASE, by_name, close, encode, encode_argv, flags, shard_tokens, verify
+from .helpers import (
+    BASE,
+    by_name,
+    close,
+    encode,
+    encode_argv,
+    flags,
+    shard_tokens,
+    verify,
+)
 
 pytest.importorskip("ray")
 

@@ -23,7 +23,17 @@ from gemma4enc.options import Options
 from gemma4enc.run.encode import encode_files
 
 from .corpus import CAMERA, ERROR_SAYS, EXPECTED, TRUNCATED, bad_media
-from .helpers import BASE, RUN, by_name, encode, encode_argv, flags, photo, shard_tokens, verify
+from .helpers import (
+    BASE,
+    RUN,
+    by_name,
+    encode,
+    encode_argv,
+    flags,
+    photo,
+    shard_tokens,
+    verify,
+)
 
 
 @pytest.fixture(scope="module")

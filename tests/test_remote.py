@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gemma4enc.media import remote, webdataset
+
 from .helpers import BASE, RUN, close, encode, encode_argv, shard_tokens, verify
 
 s3fs = pytest.importorskip("s3fs")

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 from safetensors import safe_open
-from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+from transformers.models.gemma4.image_processing_pil_gemma4 import (
+    Gemma4ImageProcessorPil,
+)
 
 from gemma4enc.dev.camera import camera_photo, save_photo
 from gemma4enc.media.decode import DecodeError, decode_image

@@ -7,11 +7,12 @@ import os
 import re
 from pathlib import Path
 
-from gemma4enc.media.discover import Item, look
-from gemma4enc.output.files import line_of
-from gemma4enc.options import Options
-from gemma4enc.rows import Row, Status
+from gemma4enc.media.discover import look
+from gemma4enc.media.kinds import Item
 from gemma4enc.media.workers import prepare
+from gemma4enc.options import Options
+from gemma4enc.output.files import line_of
+from gemma4enc.rows import Row, Status
 
 ROOT = Path(__file__).resolve().parent.parent
 

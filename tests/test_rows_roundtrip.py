@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 import gemma4enc
-from gemma4enc.media.discover import Item
-from gemma4enc.output.repair import mark_lost
+from gemma4enc.media.kinds import Item
 from gemma4enc.output.ledger import Ledger
+from gemma4enc.output.repair import mark_lost
 from gemma4enc.output.shards import ShardWriter
 from gemma4enc.rows import Row, Status
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import gemma4enc
-from gemma4enc.run import search as search_module
 from gemma4enc.commands.cli import app
+from gemma4enc.run import search as search_module
 
 from .helpers import RUN, encode, folder_with_history, photo
 

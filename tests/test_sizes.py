@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gemma4enc.model.load import load_tower
 from gemma4enc.media.patches import patchify
+from gemma4enc.model.load import load_tower
 
 from . import realsize
 from .helpers import close, hf_image_features, photo, reference
@@ -100,7 +100,9 @@ def test_12b_unified_vision_embedder_config_and_count():
     unified = pytest.importorskip("transformers.models.gemma4_unified.modeling_gemma4_unified",
                                   reason="this transformers has no gemma4_unified")
     from transformers.models.gemma4_unified.configuration_gemma4_unified import (
-        Gemma4UnifiedTextConfig, Gemma4UnifiedVisionConfig)
+        Gemma4UnifiedTextConfig,
+        Gemma4UnifiedVisionConfig,
+    )
 
     vcfg = Gemma4UnifiedVisionConfig()
     assert (vcfg.patch_size, vcfg.pooling_kernel_size, vcfg.mm_embed_dim, vcfg.mm_posemb_size) == (16, 3, 3840, 1120)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+from transformers.models.gemma4.image_processing_pil_gemma4 import (
+    Gemma4ImageProcessorPil,
+)
 
 from gemma4enc.media.patches import patchify
 from gemma4enc.model.batching import Unit, batches

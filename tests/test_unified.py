@@ -33,11 +33,11 @@ from transformers.image_utils import load_image
 
 from gemma4enc.dev.demo import barcode_frame, write_images, write_video
 from gemma4enc.errors import UsageError
+from gemma4enc.media.patches import patchify, target_size
 from gemma4enc.model.checkpoint import find_checkpoint
 from gemma4enc.model.load import load_tower
-from gemma4enc.options import SOFT_TOKEN_BUDGETS
-from gemma4enc.media.patches import patchify, target_size
 from gemma4enc.model.unified import UnifiedTower, merge
+from gemma4enc.options import SOFT_TOKEN_BUDGETS
 
 from .helpers import BASE, SHAPES, close, encode, shard_tokens
 
@@ -298,8 +298,8 @@ def test_bench_runs_the_12b_embedder():
 
 @pytest.mark.cuda
 def test_cuda_bfloat16_and_its_memory_model(ckpt_unified, ref, photos):
-    from gemma4enc.options import Options
     from gemma4enc.model.batching import budget_patches
+    from gemma4enc.options import Options
 
     tower = load_tower(str(ckpt_unified), "bfloat16", "cuda")
     items = [patchify(im, 280) for im in photos]

@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 
 from gemma4enc.dev.demo import write_video
-from gemma4enc.media.discover import SNIFF_BYTES, discover, kind_of, look, sniff, walk
 from gemma4enc.errors import UsageError
+from gemma4enc.media.discover import discover, look, walk
+from gemma4enc.media.kinds import SNIFF_BYTES, kind_of, sniff
 
 from .helpers import photo
 

@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemma4enc.media.discover import Item, discover
-from gemma4enc.output.files import MANIFEST, append_rows
-from gemma4enc.options import Options
 from gemma4enc.errors import UsageError
-from gemma4enc.output.ledger import Ledger
-from gemma4enc.output.todo import Unchanged, still_to_do
+from gemma4enc.media.discover import discover
+from gemma4enc.media.kinds import Item
+from gemma4enc.options import Options
 from gemma4enc.output.compact import compact
-from gemma4enc.output.settings import prepare_out, write_settings
+from gemma4enc.output.files import MANIFEST, append_rows
+from gemma4enc.output.ledger import Ledger
 from gemma4enc.output.repair import repair
+from gemma4enc.output.settings import prepare_out, write_settings
 from gemma4enc.output.shards import ShardWriter
+from gemma4enc.output.todo import Unchanged, still_to_do
 from gemma4enc.rows import Row, Status
 
 from .helpers import photo

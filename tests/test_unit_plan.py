@@ -8,9 +8,20 @@ import pytest
 import torch
 
 import gemma4enc.model.batching as plan
-from gemma4enc.options import Options
 from gemma4enc.media.patches import Patches
-from gemma4enc.model.batching import CPU_PATCHES, PROBES, MemoryModel, Unit, batches, budget_patches, fit_memory, largest_item, probe_items, resolve_batching
+from gemma4enc.model.batching import (
+    CPU_PATCHES,
+    PROBES,
+    MemoryModel,
+    Unit,
+    batches,
+    budget_patches,
+    fit_memory,
+    largest_item,
+    probe_items,
+    resolve_batching,
+)
+from gemma4enc.options import Options
 
 
 def units(*sizes: int) -> list[Unit]:

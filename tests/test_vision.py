@@ -16,8 +16,14 @@ import sys
 import numpy as np
 import pytest
 import torch
-from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
-from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
+from transformers.models.gemma4.configuration_gemma4 import (
+    Gemma4TextConfig,
+    Gemma4VisionConfig,
+)
+from transformers.models.gemma4.modeling_gemma4 import (
+    Gemma4MultimodalEmbedder,
+    Gemma4VisionModel,
+)
 
 from gemma4enc.dev.demo import randomize_
 from gemma4enc.errors import UsageError

@@ -7,9 +7,9 @@ import signal
 import time
 from pathlib import Path
 
-from gemma4enc.media.discover import Item
-from gemma4enc.options import Options
+from gemma4enc.media.kinds import Item
 from gemma4enc.media.workers import Decoded, DecodePool
+from gemma4enc.options import Options
 
 
 def fake_decode(item: Item, options: Options) -> Decoded:
@@ -80,8 +80,8 @@ def prepare_noting_threads(item: Item, options: Options) -> Decoded:
 
 def test_a_tail_video_decoded_with_threads_gives_the_same_patches(tmp_path):
     """Two long-GOP videos left for three workers: decoded with lent threads, the same patches as alone."""
-    from gemma4enc.options import Sampling
     from gemma4enc.dev.demo import write_video
+    from gemma4enc.options import Sampling
 
     write_video(tmp_path / "a.mp4", frames=300, gop=250)
     write_video(tmp_path / "b.mp4", frames=300, gop=250, codec="libx265")

@@ -12,8 +12,8 @@ import torch
 import gemma4enc.output.shards as shards
 from gemma4enc.errors import OutputError
 from gemma4enc.output.reader import Embeddings
-from gemma4enc.rows import Row, Status
 from gemma4enc.output.shards import ShardWriter
+from gemma4enc.rows import Row, Status
 
 
 def row(i: int) -> Row:

@@ -13,11 +13,7 @@ from ..errors import UsageError
 from ..options import Options, parse_size
 from ..output.files import not_an_output
 from .app import command
-from .flags import (
-    Json,
-    OutFolder,
-    Quiet,
-)
+from .flags import Json, OutFolder, Quiet
 from .log import Bar
 
 

@@ -14,7 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 from ..errors import UsageError
-from ..media.discover import Item, exists
+from ..media.kinds import Item
+from ..media.sources import exists
 from ..options import DEFAULT_FRAMES, OUT_DTYPES, Options, Sampling
 from ..output.files import MANIFEST, SHARD_RE, TEMP_RE, not_an_output
 from ..output.ledger import Ledger

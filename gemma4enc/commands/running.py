@@ -133,9 +133,7 @@ def encode(
     stops = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
     previous = {sig: signal.signal(sig, _interrupt) for sig in stops}
     try:
-        from ..run.encode import (
-            encode as run_encode,  # torch only later, once the flags are known good
-        )
+        from ..run.encode import encode as run_encode
 
         report = run_encode(roots, out, flags, _given(ctx), files_from=files_from, null=null, include=include,
                             exclude=exclude, hidden=hidden, overwrite=overwrite, bar=lambda n: Bar(n, quiet, say),

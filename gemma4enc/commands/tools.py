@@ -10,13 +10,7 @@ import typer
 
 from ..errors import UsageError
 from .app import command
-from .flags import (
-    Device,
-    Dtype,
-    Json,
-    MaxPatches,
-    Workers,
-)
+from .flags import Device, Dtype, Json, MaxPatches, Workers
 
 
 @command()

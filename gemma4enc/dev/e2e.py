@@ -65,7 +65,7 @@ def ticking(label: str, log, every: float = PROGRESS_S):
 def items_of(files: list[str]):
     import os
 
-    from ..media.discover import SNIFF_BYTES, Item, sniff
+    from ..media.kinds import SNIFF_BYTES, Item, sniff
 
     out = []
     for path in files:

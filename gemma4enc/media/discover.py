@@ -7,70 +7,13 @@ import itertools
 import os
 import stat
 import sys
-import tarfile
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 from ..errors import UsageError
 from ..rows import Status
 from . import remote, webdataset
-
-IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
-              ".pgm", ".pbm", ".ico", ".tga", ".heic", ".heif", ".hif", ".apng", ".jxl"}
-# MPEG-TS has no magic bytes in its first 32 (a sync byte every 188 or, in .m2ts, 192): the name tells
-VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
-              ".wmv", ".3gp", ".ogv", ".m2ts", ".m2t", ".vob", ".mod", ".tod", ".3g2", ".f4v", ".asf", ".mxf",
-              ".dv", ".divx"}
-SNIFF_BYTES = 32
-
-
-@dataclass(frozen=True, slots=True)  # slots: a million of them fit in ~100 MB
-class Item:
-    path: str  # absolute path, symlinks not resolved: the name the user knows
-    kind: str  # "image" | "video" | "unknown"
-    size: int  # bytes
-    mtime_ns: int
-    error: str | None = None  # set when the file could not even be looked at (broken link, no access)
-    root: str | None = None  # the root folder it was found under (absolute), when found by walking
-    rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
-    status: str | None = None  # with `error`: the row's Status (discovery knows why, the worker does not guess)
-
-
-def sniff(head: bytes) -> str | None:
-    """The kind a file's first bytes say, or None when they say nothing we know."""
-    if head[:3] == b"\xff\xd8\xff" or head[:8] == b"\x89PNG\r\n\x1a\n" or head[:4] in (b"GIF8",):
-        return "image"
-    if head[:2] == b"BM" or head[:4] in (b"II*\x00", b"MM\x00*") or head[:4] == b"\x00\x00\x01\x00":
-        return "image"
-    if head[:4] == b"RIFF":
-        return {b"WEBP": "image", b"AVI ": "video"}.get(head[8:12])
-    if head[4:8] == b"ftyp":
-        brand = head[8:12]
-        return "image" if brand in (b"avif", b"avis", b"heic", b"heix", b"mif1", b"msf1") else "video"
-    if head[:4] == b"\x1a\x45\xdf\xa3" or head[:3] == b"FLV" or head[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3"):
-        return "video"
-    if head[:4] == b"OggS" or head[:16] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11\xa6\xd9\x00\xaa\x00\x62\xce\x6c":
-        return "video"
-    return None
-
-
-def kind_of(path: str, head: bytes) -> str:
-    """Bytes first; the extension is only a hint when the bytes are not recognised."""
-    kind = sniff(head)
-    if kind:
-        return kind
-    ext = os.path.splitext(path)[1].lower()
-    if ext in IMAGE_EXTS:
-        return "image"
-    if ext in VIDEO_EXTS:
-        return "video"
-    return "unknown"
-
-
-# (path, size, mtime_ns) → the kind its manifest row records, or None: such a file is not opened;
-# or DONE: nothing is left to do for it, and it is not even kept (outdir.Unchanged counts it)
-Known = Callable[[str, int, int], "str | None"]
-DONE = object()  # a marker, compared by identity (no kind string can be it)
+from .kinds import DONE, SNIFF_BYTES, Item, Known, ext_kind, kind_of
+from .sources import expanded, look_remote, tar_members, url_files
 
 
 def look(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None) -> Item | None:
@@ -86,7 +29,7 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device is never opened: reading one could hang
-            return Item(path, _ext_kind(path), 0, 0, "not a regular file", root, rel, Status.UNSUPPORTED)
+            return Item(path, ext_kind(path), 0, 0, "not a regular file", root, rel, Status.UNSUPPORTED)
         kind = known(path, st.st_size, st.st_mtime_ns) if known else None
         if kind is DONE:
             return None
@@ -96,88 +39,10 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
             head = f.read(SNIFF_BYTES)
     except FileNotFoundError:
         reason = "broken symlink" if os.path.islink(path) else "file not found"
-        return Item(path, _ext_kind(path), 0, 0, reason, root, rel, Status.NOT_FOUND)
+        return Item(path, ext_kind(path), 0, 0, reason, root, rel, Status.NOT_FOUND)
     except OSError as e:
-        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel, Status.UNREADABLE)
+        return Item(path, ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel, Status.UNREADABLE)
     return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns, None, root, rel)
-
-
-def look_remote(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None,
-                info: dict | None = None) -> Item | None:
-    """look() for a URL (size and mtime from `info`, its listing entry, else asked for) or a tar's
-    member (root: the tar, rel: the member); first bytes are read only when `known` does not
-    recognise the file."""
-    member = webdataset.member_of(path, root, rel)
-    try:
-        if member:
-            entry = webdataset.index_of(root).get(rel)
-            if entry is None:
-                return Item(path, _ext_kind(path), 0, 0, "no such member in the tar", root, rel, Status.NOT_FOUND)
-            size, mtime = entry[1], entry[2] * 1_000_000_000
-        elif info is None:
-            size, mtime, _ = remote.head(path, 0)
-        else:
-            size, mtime = int(info.get("size") or 0), remote.stamp(info)
-        kind = known(path, size, mtime) if known else None
-        if kind is DONE:
-            return None
-        if kind:
-            return Item(path, kind, size, mtime, None, root, rel)
-        if member:
-            with webdataset.open_member(root, rel) as f:
-                head = f.read(SNIFF_BYTES)
-        else:
-            head = remote.first_bytes(path, SNIFF_BYTES) if size else b""
-    except FileNotFoundError:
-        return Item(path, _ext_kind(path), 0, 0, "file not found", root, rel, Status.NOT_FOUND)
-    except UsageError:
-        raise
-    except (OSError, tarfile.TarError) as e:
-        return Item(path, _ext_kind(path), 0, 0, f"cannot read: {getattr(e, 'strerror', None) or e}", root, rel,
-                    Status.UNREADABLE)
-    return Item(path, kind_of(path, head), size, mtime, None, root, rel)
-
-
-def _tar_members(tar: str) -> Iterable[tuple]:
-    """discover's candidates for one WebDataset tar: every member but the sidecars, sniffed through
-    the tar's file object; a tar that is not one is a row saying so."""
-    try:
-        f, found = webdataset.members(tar)
-    except FileNotFoundError:
-        raise UsageError(f"{tar}: no such file or folder") from None
-    except (OSError, tarfile.TarError) as e:
-        reason = f"cannot read this tar: {getattr(e, 'strerror', None) or e}"
-        yield tar, tar, True, None, lambda known: Item(tar, "unknown", 0, 0, reason, status=Status.UNREADABLE)
-        return
-
-    def maker(name, offset, size, mtime):
-        def make(known):
-            path, mtime_ns = f"{tar}/{name}", mtime * 1_000_000_000
-            kind = known(path, size, mtime_ns) if known else None
-            if kind is DONE:
-                return None
-            if not kind:
-                f.seek(offset)
-                kind = kind_of(name, f.read(min(size, SNIFF_BYTES)))
-            return Item(path, kind, size, mtime_ns, None, tar, name)
-        return make
-
-    with f:
-        for name, (offset, size, mtime) in found.items():
-            yield f"{tar}/{name}", name, False, tar, maker(name, offset, size, mtime)
-
-
-def _url_files(url: str, hidden: bool, errors: list) -> Iterable[tuple]:
-    """discover's candidates under a URL: its listing, one folder at a time."""
-    for path, rel, root, info in remote.walk(url, hidden, errors):
-        yield path, rel, root is None, root, (
-            lambda known, path=path, root=root, rel=rel, info=info: look_remote(
-                path, known, root, None if root is None else rel, info))
-
-
-def _ext_kind(path: str) -> str:
-    ext = os.path.splitext(path)[1].lower()
-    return "image" if ext in IMAGE_EXTS else "video" if ext in VIDEO_EXTS else "unknown"
 
 
 def _matches(rel: str, include: list[str], exclude: list[str]) -> bool:
@@ -288,8 +153,8 @@ def discover_chunks(roots: list[str], files_from: str | None = None, include: li
     walked_roots, remote_roots = [], []
     listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []
-    roots = [p for r in roots for p in _expanded(r)]
-    listed = [p for r in listed for p in _expanded(r)]
+    roots = [p for r in roots for p in expanded(r)]
+    listed = [p for r in listed for p in expanded(r)]
     for root in roots:
         if not remote.is_url(root) and not os.path.lexists(root):  # a typo, not a file that vanished: say so now
             raise UsageError(f"{root}: no such file or folder")
@@ -298,10 +163,10 @@ def discover_chunks(roots: list[str], files_from: str | None = None, include: li
         url = remote.is_url(root)
         if webdataset.is_tar(root) and (url or os.path.isfile(root)):
             remote_roots.append(root if url else os.path.abspath(root))
-            elsewhere.append(_tar_members(remote_roots[-1]))
+            elsewhere.append(tar_members(remote_roots[-1]))
         elif url:
             remote_roots.append(root)
-            elsewhere.append(_url_files(root, hidden, unlisted))
+            elsewhere.append(url_files(root, hidden, unlisted))
         elif os.path.isdir(root):
             root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
             walked_roots.append(root)
@@ -343,23 +208,3 @@ def _nested(roots: list[str]) -> bool:
     return any(b.startswith(a) for a, b in zip(ordered, ordered[1:]))
 
 
-
-def _expanded(root: str) -> list[str]:
-    """A brace pattern (shard-{00000..00099}.tar) as its names; a local name that exists as written
-    is taken as written."""
-    if "{" not in root or (not remote.is_url(root) and os.path.lexists(root)):
-        return [root]
-    return webdataset.expand(root)
-
-
-def exists(path: str) -> bool:
-    """Whether an input is still there: a local file, a URL (asked of its store), a tar's member (its tar)."""
-    tar, sep, _ = path.partition(".tar/")
-    if sep and (remote.is_url(path) or os.path.isfile(tar + ".tar")):
-        path = tar + ".tar"
-    if remote.is_url(path):
-        try:
-            return remote.exists(path)
-        except (OSError, UsageError):
-            return True  # cannot tell: nothing is pruned or counted as deleted on a guess
-    return os.path.exists(path)

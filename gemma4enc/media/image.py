@@ -12,8 +12,8 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from ..rows import Status
-from .discover import SNIFF_BYTES, sniff
 from .frames import DecodeError, Frames
+from .kinds import SNIFF_BYTES, sniff
 from .patches import Fitted, target_size
 
 

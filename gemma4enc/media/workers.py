@@ -24,7 +24,7 @@ from ..rows import Status
 from . import video as decoding
 from . import webdataset
 from .decode import DecodeError, decode, prefit
-from .discover import Item
+from .kinds import Item
 from .patches import Patches, patchify
 
 

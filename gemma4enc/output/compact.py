@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
-from ..media.discover import exists
+from ..media.sources import exists
 from .files import MANIFEST, SHARD_RE, atomic_write, line_of, not_an_output
 from .ledger import Ledger
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..media.discover import DONE, Item, look
+from ..media.discover import look
+from ..media.kinds import DONE, Item
 from ..options import Options
 from ..rows import Status
 from .files import append_rows

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import TooManyFailures, UsageError, first_lines, reason
-from ..media.discover import Item
+from ..media.kinds import Item
 from ..options import Options
 from ..output.compact import maybe_compact
 from ..output.files import MANIFEST

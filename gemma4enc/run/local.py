@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from ..media.discover import Item
+from ..media.kinds import Item
 from ..media.workers import DecodePool
 from .context import Run
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import TooManyFailures  # noqa: F401 - raised here, imported from here by the engines
-from ..media.discover import Item
+from ..media.kinds import Item
 from ..media.workers import Decoded, DecodePool
 from ..model.batching import Unit, batches
 from ..options import Options

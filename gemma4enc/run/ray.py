@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..errors import OutputError, UsageError, output_error
-from ..media.discover import Item
+from ..media.kinds import Item
 from ..options import Options
 from ..output.files import MANIFEST, SHARD_RE, append_rows
 from ..rows import Row, Status

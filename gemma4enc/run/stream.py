@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..media.discover import Item
+from ..media.kinds import Item
 from ..output.files import MANIFEST
 from ..rows import Status
 

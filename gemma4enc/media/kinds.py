@@ -1,0 +1,76 @@
+"""What a found file is: an `Item` (path, kind, size, mtime, where the walk found it, or why it
+cannot be read) and its kind, sniffed from its first bytes, else told by its extension."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
+              ".pgm", ".pbm", ".ico", ".tga", ".heic", ".heif", ".hif", ".apng", ".jxl"}
+
+
+# MPEG-TS has no magic bytes in its first 32 (a sync byte every 188 or, in .m2ts, 192): the name tells
+VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
+              ".wmv", ".3gp", ".ogv", ".m2ts", ".m2t", ".vob", ".mod", ".tod", ".3g2", ".f4v", ".asf", ".mxf",
+              ".dv", ".divx"}
+
+
+SNIFF_BYTES = 32
+
+
+@dataclass(frozen=True, slots=True)  # slots: a million of them fit in ~100 MB
+class Item:
+    path: str  # absolute path, symlinks not resolved: the name the user knows
+    kind: str  # "image" | "video" | "unknown"
+    size: int  # bytes
+    mtime_ns: int
+    error: str | None = None  # set when the file could not even be looked at (broken link, no access)
+    root: str | None = None  # the root folder it was found under (absolute), when found by walking
+    rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
+    status: str | None = None  # with `error`: the row's Status (discovery knows why, the worker does not guess)
+
+
+def sniff(head: bytes) -> str | None:
+    """The kind a file's first bytes say, or None when they say nothing we know."""
+    if head[:3] == b"\xff\xd8\xff" or head[:8] == b"\x89PNG\r\n\x1a\n" or head[:4] in (b"GIF8",):
+        return "image"
+    if head[:2] == b"BM" or head[:4] in (b"II*\x00", b"MM\x00*") or head[:4] == b"\x00\x00\x01\x00":
+        return "image"
+    if head[:4] == b"RIFF":
+        return {b"WEBP": "image", b"AVI ": "video"}.get(head[8:12])
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        return "image" if brand in (b"avif", b"avis", b"heic", b"heix", b"mif1", b"msf1") else "video"
+    if head[:4] == b"\x1a\x45\xdf\xa3" or head[:3] == b"FLV" or head[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3"):
+        return "video"
+    if head[:4] == b"OggS" or head[:16] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11\xa6\xd9\x00\xaa\x00\x62\xce\x6c":
+        return "video"
+    return None
+
+
+def kind_of(path: str, head: bytes) -> str:
+    """Bytes first; the extension is only a hint when the bytes are not recognised."""
+    kind = sniff(head)
+    if kind:
+        return kind
+    ext = os.path.splitext(path)[1].lower()
+    if ext in IMAGE_EXTS:
+        return "image"
+    if ext in VIDEO_EXTS:
+        return "video"
+    return "unknown"
+
+
+# (path, size, mtime_ns) → the kind its manifest row records, or None: such a file is not opened;
+# or DONE: nothing is left to do for it, and it is not even kept (outdir.Unchanged counts it)
+Known = Callable[[str, int, int], "str | None"]
+
+
+DONE = object()  # a marker, compared by identity (no kind string can be it)
+
+
+def ext_kind(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    return "image" if ext in IMAGE_EXTS else "video" if ext in VIDEO_EXTS else "unknown"

@@ -1,0 +1,108 @@
+"""Inputs that are not a local folder's files: URLs (remote.py) and WebDataset tars' members
+(webdataset.py), looked at and listed as discover's candidates; brace patterns expanded; whether
+an input is still there, asked of the store it lives in."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from typing import Iterable
+
+from ..errors import UsageError
+from ..rows import Status
+from . import remote, webdataset
+from .kinds import DONE, SNIFF_BYTES, Item, Known, ext_kind, kind_of
+
+
+def look_remote(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None,
+                info: dict | None = None) -> Item | None:
+    """look() for a URL (size and mtime from `info`, its listing entry, else asked for) or a tar's
+    member (root: the tar, rel: the member); first bytes are read only when `known` does not
+    recognise the file."""
+    member = webdataset.member_of(path, root, rel)
+    try:
+        if member:
+            entry = webdataset.index_of(root).get(rel)
+            if entry is None:
+                return Item(path, ext_kind(path), 0, 0, "no such member in the tar", root, rel, Status.NOT_FOUND)
+            size, mtime = entry[1], entry[2] * 1_000_000_000
+        elif info is None:
+            size, mtime, _ = remote.head(path, 0)
+        else:
+            size, mtime = int(info.get("size") or 0), remote.stamp(info)
+        kind = known(path, size, mtime) if known else None
+        if kind is DONE:
+            return None
+        if kind:
+            return Item(path, kind, size, mtime, None, root, rel)
+        if member:
+            with webdataset.open_member(root, rel) as f:
+                head = f.read(SNIFF_BYTES)
+        else:
+            head = remote.first_bytes(path, SNIFF_BYTES) if size else b""
+    except FileNotFoundError:
+        return Item(path, ext_kind(path), 0, 0, "file not found", root, rel, Status.NOT_FOUND)
+    except UsageError:
+        raise
+    except (OSError, tarfile.TarError) as e:
+        return Item(path, ext_kind(path), 0, 0, f"cannot read: {getattr(e, 'strerror', None) or e}", root, rel,
+                    Status.UNREADABLE)
+    return Item(path, kind_of(path, head), size, mtime, None, root, rel)
+
+
+def tar_members(tar: str) -> Iterable[tuple]:
+    """discover's candidates for one WebDataset tar: every member but the sidecars, sniffed through
+    the tar's file object; a tar that is not one is a row saying so."""
+    try:
+        f, found = webdataset.members(tar)
+    except FileNotFoundError:
+        raise UsageError(f"{tar}: no such file or folder") from None
+    except (OSError, tarfile.TarError) as e:
+        reason = f"cannot read this tar: {getattr(e, 'strerror', None) or e}"
+        yield tar, tar, True, None, lambda known: Item(tar, "unknown", 0, 0, reason, status=Status.UNREADABLE)
+        return
+
+    def maker(name, offset, size, mtime):
+        def make(known):
+            path, mtime_ns = f"{tar}/{name}", mtime * 1_000_000_000
+            kind = known(path, size, mtime_ns) if known else None
+            if kind is DONE:
+                return None
+            if not kind:
+                f.seek(offset)
+                kind = kind_of(name, f.read(min(size, SNIFF_BYTES)))
+            return Item(path, kind, size, mtime_ns, None, tar, name)
+        return make
+
+    with f:
+        for name, (offset, size, mtime) in found.items():
+            yield f"{tar}/{name}", name, False, tar, maker(name, offset, size, mtime)
+
+
+def url_files(url: str, hidden: bool, errors: list) -> Iterable[tuple]:
+    """discover's candidates under a URL: its listing, one folder at a time."""
+    for path, rel, root, info in remote.walk(url, hidden, errors):
+        yield path, rel, root is None, root, (
+            lambda known, path=path, root=root, rel=rel, info=info: look_remote(
+                path, known, root, None if root is None else rel, info))
+
+
+def expanded(root: str) -> list[str]:
+    """A brace pattern (shard-{00000..00099}.tar) as its names; a local name that exists as written
+    is taken as written."""
+    if "{" not in root or (not remote.is_url(root) and os.path.lexists(root)):
+        return [root]
+    return webdataset.expand(root)
+
+
+def exists(path: str) -> bool:
+    """Whether an input is still there: a local file, a URL (asked of its store), a tar's member (its tar)."""
+    tar, sep, _ = path.partition(".tar/")
+    if sep and (remote.is_url(path) or os.path.isfile(tar + ".tar")):
+        path = tar + ".tar"
+    if remote.is_url(path):
+        try:
+            return remote.exists(path)
+        except (OSError, UsageError):
+            return True  # cannot tell: nothing is pruned or counted as deleted on a guess
+    return os.path.exists(path)
