@@ -1,8 +1,8 @@
 """gemma4enc: encode folders of images and videos with the Gemma 4 vision tower.
 
-    import gemma4enc
-    emb = gemma4enc.open("embeddings")      # reads only the manifest
-    tokens = emb["/data/cat.jpg"]           # (soft tokens, hidden) from one shard
+import gemma4enc
+emb = gemma4enc.open("embeddings")      # reads only the manifest
+tokens = emb["/data/cat.jpg"]           # (soft tokens, hidden) from one shard
 """
 
 from ._version import __version__  # noqa: F401 - the public name

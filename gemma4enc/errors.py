@@ -38,5 +38,7 @@ def one_line(e: Exception) -> str:
 
 
 def output_error(what: str, out: Path, e: Exception) -> OutputError:
-    return OutputError(f"cannot write {what} in {out}: {reason(e)}; the files finished before are saved, "
-                       "re-run to resume once it is writable")
+    return OutputError(
+        f"cannot write {what} in {out}: {reason(e)}; the files finished before are saved, "
+        "re-run to resume once it is writable"
+    )

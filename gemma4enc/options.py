@@ -17,7 +17,9 @@ from .errors import UsageError
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the soft-token budgets Gemma 4's processor knows
 DEFAULT_FRAMES = 32  # frames per video, uniform (Gemma4VideoProcessor's default), and the cap with --fps
-NEAREST_SHIFT = 0.5  # --seek nearest: seconds a sample may move to a keyframe (a phone's 1 s GOP: every sample)
+NEAREST_SHIFT = (
+    0.5  # --seek nearest: seconds a sample may move to a keyframe (a phone's 1 s GOP: every sample)
+)
 DEFAULT_MODEL = "google/gemma-4-E2B-it"  # the smallest released Gemma 4 with a vision tower
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # the stored dtypes, the one map of them: name → (safetensors' dtype code, bytes a value); torch
@@ -29,14 +31,29 @@ ENGINES = ("local", "ray")
 STORES = ("tokens", "pooled")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 # decimal like a disk's label (K, KB = 10³), binary with an i (KiB = 2¹⁰)
-SIZE_UNITS = {"": 1, "B": 1, **{p + s: 10 ** (3 * k) for k, p in enumerate("KMGT", 1) for s in ("", "B")},
-              **{p + "IB": 2 ** (10 * k) for k, p in enumerate("KMGT", 1)}}
+SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    **{p + s: 10 ** (3 * k) for k, p in enumerate("KMGT", 1) for s in ("", "B")},
+    **{p + "IB": 2 ** (10 * k) for k, p in enumerate("KMGT", 1)},
+}
 SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 
 
 # the settings that shape the output and that a re-run may omit: Options.resume reads them back from
 # OUT/settings.json (and the sampling's frames, fps and max_frames, each on its own)
-RECORDED = ("model", "revision", "dtype", "image_tokens", "video_tokens", "resize", "seek", "out_dtype", "pooled", "store")
+RECORDED = (
+    "model",
+    "revision",
+    "dtype",
+    "image_tokens",
+    "video_tokens",
+    "resize",
+    "seek",
+    "out_dtype",
+    "pooled",
+    "store",
+)
 
 
 def fingerprint(**kw):
@@ -57,14 +74,19 @@ def parse_size(text: str, flag: str = "--shard-size") -> int:
 
 def format_size(size: int) -> str:
     """The shortest exact spelling parse_size reads back: 1GiB, 256MB, 1536."""
-    exact = [f"{size // SIZE_UNITS[u.upper()]}{u}" for u in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB")
-             if size % SIZE_UNITS[u.upper()] == 0]
+    exact = [
+        f"{size // SIZE_UNITS[u.upper()]}{u}"
+        for u in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB")
+        if size % SIZE_UNITS[u.upper()] == 0
+    ]
     return min([*exact, str(size)], key=len)  # not the first unit that divides: 256MB is also 250000KiB
 
 
 @dataclass(frozen=True)
 class Sampling:
-    frames: int | None = DEFAULT_FRAMES  # uniform frames per video (Gemma4VideoProcessor's default); None with fps
+    frames: int | None = (
+        DEFAULT_FRAMES  # uniform frames per video (Gemma4VideoProcessor's default); None with fps
+    )
     fps: float | None = None  # or: frames per second of video, capped by max_frames
     max_frames: int = DEFAULT_FRAMES  # cap for fps sampling
 
@@ -164,7 +186,9 @@ class Options:
         _one_of("--engine", self.engine, ENGINES)
         _one_of("--store", self.store, STORES)
         if self.store == "pooled" and not self.pooled:
-            raise UsageError("--store pooled keeps only the pooled vectors: it cannot go with --no-pooled")
+            raise UsageError(
+                "--store pooled keeps only the pooled vectors: it cannot go with --no-pooled"
+            )
         _one_of("--max-soft-tokens", self.image_tokens, SOFT_TOKEN_BUDGETS)
         _one_of("--video-soft-tokens", self.video_tokens, SOFT_TOKEN_BUDGETS)
         if not self.model:
@@ -184,29 +208,44 @@ class Options:
 
     def _check_sampling(self) -> None:
         s = self.sampling
-        if (s.frames is not None and s.frames < 1) or s.max_frames < 1 or (s.fps is not None and s.fps <= 0):
+        if (
+            (s.frames is not None and s.frames < 1)
+            or s.max_frames < 1
+            or (s.fps is not None and s.fps <= 0)
+        ):
             raise UsageError("--frames, --max-frames and --fps must be positive")
 
     def _check_numbers(self) -> None:
         if not 0 < self.memory_fraction <= 1:
             raise UsageError(f"--memory-fraction {self.memory_fraction}: must be in (0, 1]")
-        for flag, value in (("--max-batch-patches", self.max_batch_patches), ("--shard-size", self.shard_bytes),
-                            ("--max-image-pixels", self.max_image_pixels), ("--task-files", self.task_files),
-                            ("--ray-actors", self.ray_actors)):
+        for flag, value in (
+            ("--max-batch-patches", self.max_batch_patches),
+            ("--shard-size", self.shard_bytes),
+            ("--max-image-pixels", self.max_image_pixels),
+            ("--task-files", self.task_files),
+            ("--ray-actors", self.ray_actors),
+        ):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: must be at least 1")
-        for flag, value in (("--workers", self.workers), ("--max-failures", self.max_failures),
-                            ("--flush-seconds", self.flush_seconds)):
+        for flag, value in (
+            ("--workers", self.workers),
+            ("--max-failures", self.max_failures),
+            ("--flush-seconds", self.flush_seconds),
+        ):
             if value is not None and value < 0:
                 raise UsageError(f"{flag} {value}: cannot be negative")
         if self.decode_timeout is not None and self.decode_timeout <= 0:
-            raise UsageError(f"--decode-timeout {self.decode_timeout}: must be positive (0 on the command line: none)")
+            raise UsageError(
+                f"--decode-timeout {self.decode_timeout}: must be positive (0 on the command line: none)"
+            )
 
     def _check_engine(self) -> None:
         if self.engine != "ray" and (self.ray_address or self.ray_actors):
             raise UsageError("--ray-address and --ray-actors need --engine ray")
         if self.engine == "ray" and self.devices:
-            raise UsageError("--devices is for the local engine; with --engine ray each actor has a GPU of its own")
+            raise UsageError(
+                "--devices is for the local engine; with --engine ray each actor has a GPU of its own"
+            )
 
     def fingerprint(self) -> dict:
         """The settings that change what is written (the fields marked `fingerprint`). Call it on
@@ -215,15 +254,20 @@ class Options:
         return {f.name: values[f.name] for f in fields(self) if f.metadata.get("fingerprint")}
 
     @classmethod
-    def resume(cls, saved: dict | None, flags: dict, given=frozenset(), where: str = "settings.json"
-               ) -> tuple[Options, list[str]]:
+    def resume(
+        cls, saved: dict | None, flags: dict, given=frozenset(), where: str = "settings.json"
+    ) -> tuple[Options, list[str]]:
         """A run's options, and the notes to show: the settings given, and for each output-shaping one
         not given (RECORDED, and the sampling), what OUT's settings.json (`saved`) recorded, so that a
         re-run may omit them. `flags`: settings by field name, `frames`/`fps`/`max_frames` in place of
         `sampling`; what is missing takes its default. `given`: the names the user gave."""
         default = cls()
         kw = {f.name: getattr(default, f.name) for f in fields(cls) if f.name != "sampling"}
-        kw |= {"frames": default.sampling.frames, "fps": default.sampling.fps, "max_frames": default.sampling.max_frames}
+        kw |= {
+            "frames": default.sampling.frames,
+            "fps": default.sampling.fps,
+            "max_frames": default.sampling.max_frames,
+        }
         kw |= flags
         recorded = _recorded(saved or {}, set(given))
         notes = []
@@ -234,7 +278,9 @@ class Options:
         notes += [f"warning: {note}" for note in _no_effect(kw, set(given))]
         frames, fps, max_frames = kw.pop("frames"), kw.pop("fps"), kw.pop("max_frames")
         # only the setting that has an effect is recorded: --frames without --fps, --max-frames with it
-        sampling = Sampling(frames=None if fps else frames, fps=fps, max_frames=max_frames if fps else DEFAULT_FRAMES)
+        sampling = Sampling(
+            frames=None if fps else frames, fps=fps, max_frames=max_frames if fps else DEFAULT_FRAMES
+        )
         return cls(**kw, sampling=sampling), notes
 
 
@@ -244,8 +290,11 @@ def _recorded(saved: dict, given: set) -> dict:
     sampling = saved.get("sampling") or {}
     if not sampling:
         return kw
-    values = {"frames": sampling.get("frames") or DEFAULT_FRAMES, "fps": sampling.get("fps"),
-              "max_frames": sampling.get("max_frames", DEFAULT_FRAMES)}
+    values = {
+        "frames": sampling.get("frames") or DEFAULT_FRAMES,
+        "fps": sampling.get("fps"),
+        "max_frames": sampling.get("max_frames", DEFAULT_FRAMES),
+    }
     return kw | {k: v for k, v in values.items() if k not in given}
 
 
@@ -269,7 +318,9 @@ def seek_bound(seek: str) -> float | None:
     except ValueError:
         bound = -1.0
     if mode != "nearest" or not bound > 0 or bound == float("inf"):
-        raise UsageError(f"--seek {seek!r}: nearest takes a shift bound in seconds above 0, e.g. nearest:0.5")
+        raise UsageError(
+            f"--seek {seek!r}: nearest takes a shift bound in seconds above 0, e.g. nearest:0.5"
+        )
     return bound
 
 

@@ -34,8 +34,16 @@ class Status(enum.StrEnum):
 
 
 # written only when set, in this order after `height` (video facts) and at the end (sha256)
-VIDEO_KEYS = ("frame_indices", "timestamps", "fps", "duration", "total_frames", "backend", "truncated",
-              "missing_frames")
+VIDEO_KEYS = (
+    "frame_indices",
+    "timestamps",
+    "fps",
+    "duration",
+    "total_frames",
+    "backend",
+    "truncated",
+    "missing_frames",
+)
 
 
 @dataclass(frozen=True)
@@ -62,17 +70,33 @@ class Row:
     @classmethod
     def failed(cls, item, status: str, message: str) -> Row:
         """A file without tokens: `item` is a discover.Item."""
-        return cls(item.path, item.kind, item.size, item.mtime_ns, Status(status), message,
-                   root=item.root if item.rel else None, rel=item.rel)
+        return cls(
+            item.path,
+            item.kind,
+            item.size,
+            item.mtime_ns,
+            Status(status),
+            message,
+            root=item.root if item.rel else None,
+            rel=item.rel,
+        )
 
     def to_json(self) -> dict:
         """The dict manifest.jsonl holds, keys in format_version 1's order."""
         row: dict[str, Any] = {"path": self.path}
         if self.rel:
             row |= {"root": self.root, "rel": self.rel}
-        row |= {"kind": self.kind, "size": self.size, "mtime_ns": self.mtime_ns, "status": str(self.status),
-                "error": self.error, "shard": self.shard, "index": self.index, "tokens": self.tokens,
-                "frames": self.frames}
+        row |= {
+            "kind": self.kind,
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "status": str(self.status),
+            "error": self.error,
+            "shard": self.shard,
+            "index": self.index,
+            "tokens": self.tokens,
+            "frames": self.frames,
+        }
         if self.frame_tokens is not None:
             row |= {"frame_tokens": self.frame_tokens, "width": self.width, "height": self.height}
         row |= self.video
@@ -101,7 +125,10 @@ class Row:
         """This row with some keys changed; keys Row does not name go to `extra`."""
         known = {k: v for k, v in changes.items() if k in _FIELDS}
         video = {**self.video, **{k: v for k, v in changes.items() if k in VIDEO_KEYS}}
-        extra = {**self.extra, **{k: v for k, v in changes.items() if k not in _FIELDS and k not in VIDEO_KEYS}}
+        extra = {
+            **self.extra,
+            **{k: v for k, v in changes.items() if k not in _FIELDS and k not in VIDEO_KEYS},
+        }
         return replace(self, **known, video=video, extra=extra)
 
     @classmethod
@@ -109,8 +136,11 @@ class Row:
         if isinstance(row, Row):
             return row
         kw = {k: v for k, v in row.items() if k in _FIELDS}
-        return cls(**kw, video={k: row[k] for k in VIDEO_KEYS if k in row},
-                   extra={k: v for k, v in row.items() if k not in _FIELDS and k not in VIDEO_KEYS})
+        return cls(
+            **kw,
+            video={k: row[k] for k in VIDEO_KEYS if k in row},
+            extra={k: v for k, v in row.items() if k not in _FIELDS and k not in VIDEO_KEYS},
+        )
 
 
 _FIELDS = frozenset(f.name for f in fields(Row)) - {"video", "extra"}

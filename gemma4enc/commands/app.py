@@ -21,14 +21,22 @@ from ..options import Options
 DEFAULT = Options()  # every default below is read from here: one place for each
 
 
-EPILOG = ("Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error · "
-              "3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted.")
+EPILOG = (
+    "Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error · "
+    "3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted."
+)
 
 
 # plain click help: rich markup would eat the brackets of pip install 'gemma4enc[ray]' and print <bool> on flags
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG,
-                  help="Encode folders of images and videos with the Gemma 4 vision tower.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=EPILOG,
+    help="Encode folders of images and videos with the Gemma 4 vision tower.",
+)
 
 
 def _version(value: bool) -> None:
@@ -40,8 +48,12 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
-                                                help="Print the version and exit.")] = False):
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit."),
+    ] = False,
+):
     """Encode folders of images and videos with the Gemma 4 vision tower."""
 
 
@@ -61,13 +73,23 @@ def exit_for(error: BaseException, command: str) -> tuple[int, str, str]:
     """An exception that ends a command → (exit code, what kind of end, the one line that says why)."""
     code = next((c for kind, c in EXIT_CODES.items() if isinstance(error, kind)), EXIT_BUG)
     if code == 130:
-        return code, "interrupted", "finished files are saved, re-run to resume" if command == "encode" else ""
+        return (
+            code,
+            "interrupted",
+            "finished files are saved, re-run to resume" if command == "encode" else "",
+        )
     if code == EXIT_BUG and isinstance(error, OSError) and error.errno in UNWRITABLE:
-        where = error.filename or "stdout"  # the report a command prints: stdout is the one without a name
+        where = (
+            error.filename or "stdout"
+        )  # the report a command prints: stdout is the one without a name
         return 4, "error", f"cannot write to {where}: {error.strerror or error}"
     if code == EXIT_BUG:
         first = (str(error).splitlines() or [""])[0]
-        return code, "internal error", f"{type(error).__name__}: {first} (a bug; {DEBUG}=1 shows the traceback)"
+        return (
+            code,
+            "internal error",
+            f"{type(error).__name__}: {first} (a bug; {DEBUG}=1 shows the traceback)",
+        )
     return code, "aborted" if code == 3 else "error", str(error)
 
 
@@ -102,7 +124,9 @@ class Command(TyperCommand):
             code, kind, message = exit_for(e, ctx.info_name)
             if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
                 traceback.print_exc()
-            _say(lambda: typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True))
+            _say(
+                lambda: typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True)
+            )
             if isinstance(e, OSError) and code == 4 and not e.filename:
                 _silence(sys.stdout)  # stdout is what failed: its JSON cannot be given either
             _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)

@@ -14,19 +14,13 @@ Roots = Annotated[
     list[str], Arg(help="Folders, files, URLs (s3://…) or WebDataset .tar shards (docs/remote.md).")
 ]
 Out = Annotated[Path, Opt("--out", "-o", help="Output folder for shards and manifest.")]
-Model = Annotated[
-    str, Opt(help="Checkpoint folder (HF layout) or hub id (its vision tensors only).")
-]
+Model = Annotated[str, Opt(help="Checkpoint folder (HF layout) or hub id (its vision tensors only).")]
 Revision = Annotated[Optional[str], Opt(help="A hub id's branch, tag or commit (default: main).")]
 Dtype = Annotated[str, Opt(help="Tower dtype: auto, float32, bfloat16 or float16.")]
 Device = Annotated[str, Opt(help="auto, cpu, cuda, cuda:N or mps.")]
 ImageTokens = Annotated[int, Opt("--max-soft-tokens", help="Soft tokens per image: 70 … 1120.")]
-VideoTokens = Annotated[
-    int, Opt("--video-soft-tokens", help="Soft tokens per video frame: 70 … 1120.")
-]
-Frames = Annotated[
-    int, Opt("--frames", help="Frames sampled uniformly per video (not with --fps).")
-]
+VideoTokens = Annotated[int, Opt("--video-soft-tokens", help="Soft tokens per video frame: 70 … 1120.")]
+Frames = Annotated[int, Opt("--frames", help="Frames sampled uniformly per video (not with --fps).")]
 Fps = Annotated[Optional[float], Opt("--fps", help="Sample this many frames per second instead.")]
 MaxFrames = Annotated[int, Opt("--max-frames", help="Cap on frames per video with --fps.")]
 Resize = Annotated[
@@ -48,39 +42,32 @@ MaxPatches = Annotated[
 Compile = Annotated[
     bool, Opt("--compile", help="torch.compile the encoder's layers (serial and bucket).")
 ]
-ShardSize = Annotated[
-    str, Opt("--shard-size", help="Target shard size: bytes, or 256MB, 1.5G, 1GiB.")
-]
-OutDtype = Annotated[
-    str, Opt("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")
-]
+ShardSize = Annotated[str, Opt("--shard-size", help="Target shard size: bytes, or 256MB, 1.5G, 1GiB.")]
+OutDtype = Annotated[str, Opt("--out-dtype", help="Stored token dtype: bfloat16, float16 or float32.")]
 FilesFrom = Annotated[
-    Optional[str], Opt("--files-from", help="Read the paths (or URLs, .tar shards) from this file ('-' = stdin).")
+    Optional[str],
+    Opt("--files-from", help="Read the paths (or URLs, .tar shards) from this file ('-' = stdin)."),
 ]
-Null = Annotated[
-    bool, Opt("--null", "-0", help="--files-from names end in NUL bytes (find -print0).")
-]
+Null = Annotated[bool, Opt("--null", "-0", help="--files-from names end in NUL bytes (find -print0).")]
 Include = Annotated[
-    Optional[list[str]], Opt("--include", help="Only paths matching this glob, in any case (repeatable).")
+    Optional[list[str]],
+    Opt("--include", help="Only paths matching this glob, in any case (repeatable)."),
 ]
 Exclude = Annotated[
-    Optional[list[str]], Opt("--exclude", help="Skip paths, or folders, matching this glob, in any case.")
+    Optional[list[str]],
+    Opt("--exclude", help="Skip paths, or folders, matching this glob, in any case."),
 ]
 Hidden = Annotated[bool, Opt("--hidden", help="Also walk hidden files and folders.")]
 MaxPixels = Annotated[int, Opt("--max-image-pixels", help="Refuse larger images (0 = no limit).")]
 Pooled = Annotated[bool, Opt("--pooled/--no-pooled", help="Also store each file's mean token.")]
 Store = Annotated[str, Opt("--store", help="tokens, or pooled (the mean tokens only).")]
-Workers = Annotated[
-    Optional[int], Opt("--workers", help="Decode worker processes (0 = in this one).")
-]
+Workers = Annotated[Optional[int], Opt("--workers", help="Decode worker processes (0 = in this one).")]
 DecodeTimeout = Annotated[
     float, Opt("--decode-timeout", help="Seconds a file may take to decode (0 = no limit).")
 ]
 FlushSeconds = Annotated[float, Opt("--flush-seconds", help="Write a shard at least this often.")]
 Hash = Annotated[bool, Opt("--hash", help="Also compare files by content (sha256).")]
-RetryFailed = Annotated[
-    bool, Opt("--retry-failed", help="Try again the files whose last row failed.")
-]
+RetryFailed = Annotated[bool, Opt("--retry-failed", help="Try again the files whose last row failed.")]
 MaxFailures = Annotated[
     Optional[int], Opt("--max-failures", help="Abort (exit 3) past this many failures.")
 ]
@@ -88,8 +75,7 @@ Overwrite = Annotated[bool, Opt("--overwrite", help="Replace what OUT holds inst
 Devices = Annotated[Optional[str], Opt("--devices", help="A tower on each: all, or cuda:0,cuda:1.")]
 Engine = Annotated[str, Opt("--engine", help="local, or ray (pip install 'gemma4enc[ray]').")]
 RayAddress = Annotated[
-    Optional[str],
-    Opt("--ray-address", help="With ray: auto or HOST:PORT (default: a private Ray)."),
+    Optional[str], Opt("--ray-address", help="With ray: auto or HOST:PORT (default: a private Ray).")
 ]
 RayActors = Annotated[
     Optional[int], Opt("--ray-actors", help="With ray: actors (default: one per GPU, else CPU).")

@@ -32,8 +32,17 @@ def inspect(out: OutFolder, json_out: Json = False):
 
 
 @command()
-def verify(out: OutFolder, repair: Annotated[bool, typer.Option("--repair", help="Encode again the files of shards that are missing or fail a check (with the settings OUT records).")] = False,
-           json_out: Json = False):
+def verify(
+    out: OutFolder,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="Encode again the files of shards that are missing or fail a check (with the settings OUT records).",
+        ),
+    ] = False,
+    json_out: Json = False,
+):
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
     from .report import verify as check
 
@@ -44,8 +53,10 @@ def verify(out: OutFolder, repair: Annotated[bool, typer.Option("--repair", help
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
-        typer.echo(f"{report['out']}: {report['files']} files, {report['encoded']} encoded in {report['shards']} "
-                   f"shards, {report['tokens_checked']:,} tokens checked")
+        typer.echo(
+            f"{report['out']}: {report['files']} files, {report['encoded']} encoded in {report['shards']} "
+            f"shards, {report['tokens_checked']:,} tokens checked"
+        )
         for line in report["problems"]:
             typer.echo(f"problem: {line}")
         for line in report["warnings"]:
@@ -74,8 +85,14 @@ def _repair(out: Path, shards: list[str]) -> int:
 
 
 @command()
-def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help="Also drop the rows and tokens of inputs that no longer exist.")] = False,
-            json_out: Json = False):
+def compact(
+    out: OutFolder,
+    prune: Annotated[
+        bool,
+        typer.Option("--prune", help="Also drop the rows and tokens of inputs that no longer exist."),
+    ] = False,
+    json_out: Json = False,
+):
     """Rewrite the manifest with one row per file (the latest), under OUT's lock."""
     from ..output.compact import compact as rewrite
     from ..output.ledger import Ledger
@@ -91,44 +108,118 @@ def compact(out: OutFolder, prune: Annotated[bool, typer.Option("--prune", help=
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
-        typer.echo(f"{report['out']}: {report['rows_before']} rows → {report['rows_after']}; pruned "
-                   f"{report['pruned']} file(s), {report['pruned_tokens']:,} tokens, {report['shards_rewritten']} "
-                   "shard(s) rewritten")
+        typer.echo(
+            f"{report['out']}: {report['rows_before']} rows → {report['rows_after']}; pruned "
+            f"{report['pruned']} file(s), {report['pruned_tokens']:,} tokens, {report['shards_rewritten']} "
+            "shard(s) rewritten"
+        )
 
 
 @command()
 def export(
     out: OutFolder,
     dest: Annotated[Path, typer.Argument(help="Folder to write (new or empty; see --overwrite).")],
-    to: Annotated[str, typer.Option("--to", help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB) or webdataset (tar shards of KEY.npy + KEY.json).")] = "clip",
-    dtype: Annotated[str, typer.Option("--dtype", help="float16 or float32 (bfloat16 tokens widen to float32 exactly).")] = "float16",
-    per_frame: Annotated[bool, typer.Option("--per-frame", help="One row per sampled video frame (its tokens and their mean) instead of per file.")] = False,
-    normalize: Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help="L2-normalise the pooled vectors (default: on for clip, off otherwise).", show_default=False)] = None,
-    rows_per_file: Annotated[Optional[int], typer.Option("--rows-per-file", help="Start a new file after this many rows (default: by --file-size only).")] = None,
-    file_size: Annotated[str, typer.Option("--file-size", help="Start a new file once this many bytes of vectors or tokens are written: 1GB, 256MB, 1GiB.")] = "1GB",
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier export in the folder (only the files an export writes are removed).")] = False,
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB) or webdataset (tar shards of KEY.npy + KEY.json).",
+        ),
+    ] = "clip",
+    dtype: Annotated[
+        str,
+        typer.Option("--dtype", help="float16 or float32 (bfloat16 tokens widen to float32 exactly)."),
+    ] = "float16",
+    per_frame: Annotated[
+        bool,
+        typer.Option(
+            "--per-frame",
+            help="One row per sampled video frame (its tokens and their mean) instead of per file.",
+        ),
+    ] = False,
+    normalize: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--normalize/--no-normalize",
+            help="L2-normalise the pooled vectors (default: on for clip, off otherwise).",
+            show_default=False,
+        ),
+    ] = None,
+    rows_per_file: Annotated[
+        Optional[int],
+        typer.Option(
+            "--rows-per-file",
+            help="Start a new file after this many rows (default: by --file-size only).",
+        ),
+    ] = None,
+    file_size: Annotated[
+        str,
+        typer.Option(
+            "--file-size",
+            help="Start a new file once this many bytes of vectors or tokens are written: 1GB, 256MB, 1GiB.",
+        ),
+    ] = "1GB",
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace an earlier export in the folder (only the files an export writes are removed).",
+        ),
+    ] = False,
     json_out: Json = False,
 ):
     """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
     from ..output.export import export as run_export
 
-    report = run_export(out, to, dest, dtype, per_frame, normalize, rows_per_file, parse_size(file_size, "--file-size"),
-                        overwrite)
+    report = run_export(
+        out,
+        to,
+        dest,
+        dtype,
+        per_frame,
+        normalize,
+        rows_per_file,
+        parse_size(file_size, "--file-size"),
+        overwrite,
+    )
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
-        typer.echo(f"{report['dir']}: {report['rows']:,} rows in {len(report['files'])} file(s), {to}, {dtype}"
-                   f"{', normalised' if report['normalized'] else ''}{', per frame' if per_frame else ''}")
+        typer.echo(
+            f"{report['dir']}: {report['rows']:,} rows in {len(report['files'])} file(s), {to}, {dtype}"
+            f"{', normalised' if report['normalized'] else ''}{', per frame' if per_frame else ''}"
+        )
 
 
 @command()
 def search(
     out: OutFolder,
-    files: Annotated[Optional[list[str]], typer.Argument(help="Files to find the nearest of: looked up in OUT, or encoded with OUT's settings and model.", show_default=False)] = None,
-    k: Annotated[int, typer.Option("-k", "--top", help="Nearest files listed per file (itself first, when OUT holds it).")] = 10,
-    dups: Annotated[bool, typer.Option("--duplicates", help="Instead: list the groups of near-duplicate files in OUT.")] = False,
-    threshold: Annotated[float, typer.Option("--threshold", help="--duplicates: the cosine two files' pooled vectors reach to be grouped.")] = 0.98,
-    device: Annotated[str, typer.Option(help="Where files OUT lacks are encoded: auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    files: Annotated[
+        Optional[list[str]],
+        typer.Argument(
+            help="Files to find the nearest of: looked up in OUT, or encoded with OUT's settings and model.",
+            show_default=False,
+        ),
+    ] = None,
+    k: Annotated[
+        int,
+        typer.Option(
+            "-k", "--top", help="Nearest files listed per file (itself first, when OUT holds it)."
+        ),
+    ] = 10,
+    dups: Annotated[
+        bool,
+        typer.Option("--duplicates", help="Instead: list the groups of near-duplicate files in OUT."),
+    ] = False,
+    threshold: Annotated[
+        float,
+        typer.Option(
+            "--threshold", help="--duplicates: the cosine two files' pooled vectors reach to be grouped."
+        ),
+    ] = 0.98,
+    device: Annotated[
+        str, typer.Option(help="Where files OUT lacks are encoded: auto, cpu, cuda, cuda:N or mps.")
+    ] = "auto",
     json_out: Json = False,
     quiet: Quiet = False,
 ):
@@ -145,7 +236,9 @@ def search(
             typer.echo(json.dumps(report, indent=2))
         else:
             typer.echo("\n\n".join("\n".join(group) for group in report["groups"]))
-            say(f"{len(report['groups'])} group(s) of {sum(map(len, report['groups']))} files at cosine ≥ {threshold}")
+            say(
+                f"{len(report['groups'])} group(s) of {sum(map(len, report['groups']))} files at cosine ≥ {threshold}"
+            )
         return
     Options(device=device)  # a bad --device is refused before the index is read
     report = find(out, files, k, device, bar=lambda n: Bar(n, True), log=say)

@@ -39,8 +39,11 @@ class Sink:
     def _drop(self, e: OSError) -> None:
         self.close()
         with contextlib.suppress(OSError):
-            print(f"gemma4enc: warning: --log-file {self.path}: {e.strerror or e}; it gets no more lines",
-                  file=sys.stderr, flush=True)
+            print(
+                f"gemma4enc: warning: --log-file {self.path}: {e.strerror or e}; it gets no more lines",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         file, self.file = self.file, None
@@ -95,12 +98,14 @@ def size(n: float) -> str:
 
 
 def summary_line(report: dict, shards: int, shard_bytes: int, seconds: float) -> str:
-    """"1,204 ok, 3 failed (decode_error 2, timeout 1), 2 shards, 412.0 MB, 3 min 12 s"."""
+    """ "1,204 ok, 3 failed (decode_error 2, timeout 1), 2 shards, 412.0 MB, 3 min 12 s"."""
     failed = {k: v for k, v in report["by_status"].items() if k != "ok"}
     why = f" ({', '.join(f'{k} {v:,}' for k, v in sorted(failed.items()))})" if failed else ""
     before = f", {report['done_before']:,} done before" if report["done_before"] else ""
-    return (f"{report['encoded']:,} ok, {report['failed']:,} failed{why}{before}; OUT holds {shards:,} shard(s), "
-            f"{size(shard_bytes)}; {duration(seconds)}")
+    return (
+        f"{report['encoded']:,} ok, {report['failed']:,} failed{why}{before}; OUT holds {shards:,} shard(s), "
+        f"{size(shard_bytes)}; {duration(seconds)}"
+    )
 
 
 def _text(value) -> str:
@@ -111,7 +116,10 @@ def _text(value) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, dict):
-        return ", ".join(f"{k} {_text(v) if not isinstance(v, dict) else '(' + _text(v) + ')'}" for k, v in value.items())
+        return ", ".join(
+            f"{k} {_text(v) if not isinstance(v, dict) else '(' + _text(v) + ')'}"
+            for k, v in value.items()
+        )
     return str(value)
 
 
@@ -151,8 +159,14 @@ class Bar:
         console = Console(stderr=True)
         self.bar = None
         if not quiet and console.is_terminal:
-            self.bar = Progress(TextColumn("encoding"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console)
+            self.bar = Progress(
+                TextColumn("encoding"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                console=console,
+            )
             self.task = self.bar.add_task("encode", total=total, rate="")
             self.bar.start()
 
@@ -168,8 +182,10 @@ class Bar:
 
             self.last = elapsed
             eta = duration((self.total - self.files) * elapsed / self.files) if self.files else "?"
-            line = (f"gemma4enc: {self.files:,}/{self.total:,} files ({100 * self.files / max(self.total, 1):.0f}%), "
-                    f"{rate}, elapsed {duration(elapsed)}, ETA {eta}")
+            line = (
+                f"gemma4enc: {self.files:,}/{self.total:,} files ({100 * self.files / max(self.total, 1):.0f}%), "
+                f"{rate}, elapsed {duration(elapsed)}, ETA {eta}"
+            )
             if self.say:
                 self.say(line, stamp=True, screen=self.bar is None)  # the bar shows it on a terminal
             elif not self.bar:

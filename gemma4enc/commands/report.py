@@ -61,9 +61,14 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
         tokens += count * n // (POOL * POOL)
     width = OUT_DTYPES[options.out_dtype][1]  # no torch for a dry run
     return {
-        "files": len(items), "by_kind": dict(kinds), "unreadable": unreadable, "tower_items": sum(buckets.values()),
-        "distinct_patch_counts": len(buckets), "largest_buckets": dict(buckets.most_common(8)),
-        "tokens": tokens, "output_bytes": tokens * hidden * width,
+        "files": len(items),
+        "by_kind": dict(kinds),
+        "unreadable": unreadable,
+        "tower_items": sum(buckets.values()),
+        "distinct_patch_counts": len(buckets),
+        "largest_buckets": dict(buckets.most_common(8)),
+        "tokens": tokens,
+        "output_bytes": tokens * hidden * width,
     }
 
 
@@ -74,7 +79,9 @@ def _video_frames(sampling: Sampling, stream) -> int:
         return min(sampling.frames or DEFAULT_FRAMES, total or sampling.frames or DEFAULT_FRAMES)
     seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0
     if stream.average_rate:
-        seconds -= 1 / float(stream.average_rate)  # sampling runs to the last frame's start, not the stream's end
+        seconds -= 1 / float(
+            stream.average_rate
+        )  # sampling runs to the last frame's start, not the stream's end
     count = min(sampling.max_frames, int(max(seconds, 0.0) * sampling.fps + 1e-6) + 1)
     return min(count, total) if total else count
 
@@ -106,10 +113,18 @@ def inspect_report(out: Path) -> dict:
     on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
     failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in ledger.rows_at(failed)]
     return {
-        "out": str(out), "running": running(out), "files": len(ledger), "by_status": dict(status),
-        "by_kind": dict(kinds), "tokens": tokens, "shards": len(on_disk),
-        "missing_shards": sorted(named - on_disk), "orphan_shards": sorted(on_disk - named),
-        "deleted_inputs": deleted, "settings": _settings(out), "failures": failures,
+        "out": str(out),
+        "running": running(out),
+        "files": len(ledger),
+        "by_status": dict(status),
+        "by_kind": dict(kinds),
+        "tokens": tokens,
+        "shards": len(on_disk),
+        "missing_shards": sorted(named - on_disk),
+        "orphan_shards": sorted(on_disk - named),
+        "deleted_inputs": deleted,
+        "settings": _settings(out),
+        "failures": failures,
         "superseded_rows": ledger.superseded,
     }
 
@@ -121,7 +136,9 @@ def verify(out: Path) -> dict:
     ledger = Ledger.load(out)  # one pass; each shard's rows are read back by offset when it is checked
     torn = ledger.unreadable + (ledger.path.stat().st_size > ledger.end)
     if torn:
-        warnings.append(f"{MANIFEST}: {torn} unreadable line(s) (a killed run's; their files are encoded again)")
+        warnings.append(
+            f"{MANIFEST}: {torn} unreadable line(s) (a killed run's; their files are encoded again)"
+        )
     by_shard, unplaced = ledger.ok_by_shard()  # shard → offsets of the rows that point into it (numpy)
     problems += [f"{path}: status ok but no shard/index" for path in unplaced]
     on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
@@ -129,7 +146,9 @@ def verify(out: Path) -> dict:
     orphans = sorted(on_disk - set(by_shard))
     problems += [f"{name}: named by {len(by_shard[name])} row(s) but missing" for name in missing]
     if orphans:
-        warnings.append(f"{len(orphans)} shard(s) no row names (the next encode removes them): {orphans[:5]}")
+        warnings.append(
+            f"{len(orphans)} shard(s) no row names (the next encode removes them): {orphans[:5]}"
+        )
     temps = sorted(p.name for p in out.iterdir() if TEMP_RE.match(p.name))
     if temps:
         warnings.append(f"{len(temps)} temp file(s) of an interrupted write: {temps[:5]}")
@@ -137,15 +156,24 @@ def verify(out: Path) -> dict:
     tokens = 0
     bad = set(missing)
     for name in sorted(set(by_shard) & on_disk):
-        found, n = check_shard(out / name, list(ledger.rows_at(by_shard[name].tolist(), rising=False)), settings)
+        found, n = check_shard(
+            out / name, list(ledger.rows_at(by_shard[name].tolist(), rising=False)), settings
+        )
         problems += [f"{name}: {p}" for p in found]
         tokens += n
         bad |= {name} if found else set()
     return {
-        "out": str(out), "ok": not problems, "files": len(ledger),
-        "encoded": sum(len(v) for v in by_shard.values()), "shards": len(on_disk),
-        "tokens_checked": tokens, "missing_shards": missing, "orphan_shards": orphans,
-        "bad_shards": sorted(bad), "problems": problems, "warnings": warnings,
+        "out": str(out),
+        "ok": not problems,
+        "files": len(ledger),
+        "encoded": sum(len(v) for v in by_shard.values()),
+        "shards": len(on_disk),
+        "tokens_checked": tokens,
+        "missing_shards": missing,
+        "orphan_shards": orphans,
+        "bad_shards": sorted(bad),
+        "problems": problems,
+        "warnings": warnings,
     }
 
 
@@ -185,7 +213,13 @@ def _check_open(f, rows: list[dict], settings: dict) -> tuple[list[str], int]:
         problems.append(f"{name} are {width} wide, the header says hidden_size {meta['hidden_size']}")
     off = {k: f.get_tensor(k) for k in OFFSETS}
     for k, v in off.items():
-        if v.dtype != torch.int64 or v.ndim != 1 or len(v) < 1 or v[0] != 0 or bool((v[1:] < v[:-1]).any()):
+        if (
+            v.dtype != torch.int64
+            or v.ndim != 1
+            or len(v) < 1
+            or v[0] != 0
+            or bool((v[1:] < v[:-1]).any())
+        ):
             return problems + [f"{k} is not a non-decreasing int64 vector from 0"], 0
     items, frames = off["item_offsets"], off["frame_offsets"]
     n = len(items) - 1
@@ -206,13 +240,18 @@ def _check_open(f, rows: list[dict], settings: dict) -> tuple[list[str], int]:
             continue
         seen.add(i)
         a, b = off["item_frames"][i].item(), off["item_frames"][i + 1].item()
-        sizes = (frames[a + 1: b + 1] - frames[a:b]).tolist()
-        if (items[i + 1] - items[i]).item() != row.get("tokens") or b - a != row.get("frames") or (
-                "frame_tokens" in row and sizes != row["frame_tokens"]):
-            problems.append(f"{row['path']}: the row says {row.get('tokens')} tokens in {row.get('frames')} "
-                            f"frames, the shard holds {(items[i + 1] - items[i]).item()} in {b - a}")
+        sizes = (frames[a + 1 : b + 1] - frames[a:b]).tolist()
+        if (
+            (items[i + 1] - items[i]).item() != row.get("tokens")
+            or b - a != row.get("frames")
+            or ("frame_tokens" in row and sizes != row["frame_tokens"])
+        ):
+            problems.append(
+                f"{row['path']}: the row says {row.get('tokens')} tokens in {row.get('frames')} "
+                f"frames, the shard holds {(items[i + 1] - items[i]).item()} in {b - a}"
+            )
     for lo in range(0, total, CHUNK_ROWS):
-        chunk = t[lo: min(total, lo + CHUNK_ROWS)]
+        chunk = t[lo : min(total, lo + CHUNK_ROWS)]
         if not bool(torch.isfinite(chunk).all()):
             bad = (~torch.isfinite(chunk).all(1)).nonzero()[0].item() + lo
             problems.append(f"non-finite values in {name}, first at row {bad}")

@@ -121,25 +121,65 @@ def encode(
         raise UsageError(f"--log-file {log_file}: {e.strerror or e}") from None
     if ctx is not None and "log_handler" in ctx.meta:
         ctx.meta["log_handler"].sink = say
-    flags = dict(model=model, revision=revision, dtype=dtype, device=device, devices=devices, image_tokens=image_tokens,
-                 video_tokens=video_tokens, resize=resize, frames=frames, fps=fps, max_frames=max_frames,
-                 video_backend=video_backend, seek=seek, batching=batching, memory_fraction=memory_fraction,
-                 max_batch_patches=max_batch_patches, compile=use_compile, shard_bytes=parse_size(shard_size),
-                 out_dtype=out_dtype, max_image_pixels=max_image_pixels or None, pooled=pooled, store=store,
-                 workers=workers, decode_timeout=decode_timeout or None, flush_seconds=flush_seconds,
-                 hash=content_hash, retry_failed=retry_failed, max_failures=max_failures, engine=engine,
-                 ray_address=ray_address, ray_actors=ray_actors, task_files=task_files)
+    flags = dict(
+        model=model,
+        revision=revision,
+        dtype=dtype,
+        device=device,
+        devices=devices,
+        image_tokens=image_tokens,
+        video_tokens=video_tokens,
+        resize=resize,
+        frames=frames,
+        fps=fps,
+        max_frames=max_frames,
+        video_backend=video_backend,
+        seek=seek,
+        batching=batching,
+        memory_fraction=memory_fraction,
+        max_batch_patches=max_batch_patches,
+        compile=use_compile,
+        shard_bytes=parse_size(shard_size),
+        out_dtype=out_dtype,
+        max_image_pixels=max_image_pixels or None,
+        pooled=pooled,
+        store=store,
+        workers=workers,
+        decode_timeout=decode_timeout or None,
+        flush_seconds=flush_seconds,
+        hash=content_hash,
+        retry_failed=retry_failed,
+        max_failures=max_failures,
+        engine=engine,
+        ray_address=ray_address,
+        ray_actors=ray_actors,
+        task_files=task_files,
+    )
     # cron and schedulers stop us with SIGTERM, a closed terminal or ssh session with SIGHUP
     stops = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
     previous = {sig: signal.signal(sig, _interrupt) for sig in stops}
     try:
         from ..run.encode import encode as run_encode
 
-        report = run_encode(roots, out, flags, _given(ctx), files_from=files_from, null=null, include=include,
-                            exclude=exclude, hidden=hidden, overwrite=overwrite, bar=lambda n: Bar(n, quiet, say),
-                            log=lambda m: say(f"gemma4enc: {m}"))
+        report = run_encode(
+            roots,
+            out,
+            flags,
+            _given(ctx),
+            files_from=files_from,
+            null=null,
+            include=include,
+            exclude=exclude,
+            hidden=hidden,
+            overwrite=overwrite,
+            bar=lambda n: Bar(n, quiet, say),
+            log=lambda m: say(f"gemma4enc: {m}"),
+        )
         shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
-        say(f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}", stamp=True)
+        say(
+            f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}",
+            stamp=True,
+        )
     except BaseException as e:  # noqa: BLE001 - the one line Command prints goes to --log-file too
         if not isinstance(e, typer.Exit):
             _, kind, message = exit_for(e, "encode")
@@ -159,8 +199,11 @@ def _given(ctx) -> set[str]:
     if ctx is None:  # called from demo: the user gave nothing
         return set()
     # by name: typer may carry a click of its own, whose ParameterSource is another enum
-    return {name for name in ctx.params
-            if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
+    return {
+        name
+        for name in ctx.params
+        if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
+    }
 
 
 def _interrupt(signum, frame):
@@ -180,11 +223,28 @@ def plan(
     include: Include = None,
     exclude: Exclude = None,
     hidden: Hidden = False,
-    model: Annotated[Optional[str], typer.Option(help="Read the stored width from this checkpoint (folder or hub id in the HF cache) instead of --hidden-size.")] = None,
-    revision: Annotated[Optional[str], typer.Option(help="With --model a hub id: its branch, tag or commit (default: main).")] = None,
-    hidden_size: Annotated[int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")] = 1536,
+    model: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Read the stored width from this checkpoint (folder or hub id in the HF cache) instead of --hidden-size."
+        ),
+    ] = None,
+    revision: Annotated[
+        Optional[str],
+        typer.Option(help="With --model a hub id: its branch, tag or commit (default: main)."),
+    ] = None,
+    hidden_size: Annotated[
+        int, typer.Option(help="Width of the stored tokens (the language model's hidden size).")
+    ] = 1536,
     out_dtype: OutDtype = DEFAULT.out_dtype,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Plan only what encode -o OUT has still to do, with the settings OUT records.")] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out",
+            "-o",
+            help="Plan only what encode -o OUT has still to do, with the settings OUT records.",
+        ),
+    ] = None,
     json_out: Json = False,
     ctx: typer.Context = None,
 ):
@@ -196,9 +256,17 @@ def plan(
     from ..output.todo import Unchanged
 
     saved = read_settings(out) if out else None  # -o OUT: planned with the settings OUT records
-    flags = dict(image_tokens=image_tokens, video_tokens=video_tokens, frames=frames, fps=fps, max_frames=max_frames,
-                 out_dtype=out_dtype)
-    options, notes = Options.resume(saved, flags, _given(ctx), where=str(out / SETTINGS) if out else SETTINGS)
+    flags = dict(
+        image_tokens=image_tokens,
+        video_tokens=video_tokens,
+        frames=frames,
+        fps=fps,
+        max_frames=max_frames,
+        out_dtype=out_dtype,
+    )
+    options, notes = Options.resume(
+        saved, flags, _given(ctx), where=str(out / SETTINGS) if out else SETTINGS
+    )
     for note in notes:
         typer.echo(f"gemma4enc: {note}", err=True)
     recorded_model = model is None and saved and "model" in saved and "hidden_size" not in _given(ctx)
@@ -206,20 +274,32 @@ def plan(
         model, revision = saved["model"], saved.get("revision")  # the width OUT's model projects to
     found = []
     for root in roots or []:  # a dry run warns about a missing root and plans the rest
-        if os.path.lexists(root) or "://" in root or "{" in root:  # URLs and brace patterns: discover checks them
+        if (
+            os.path.lexists(root) or "://" in root or "{" in root
+        ):  # URLs and brace patterns: discover checks them
             found.append(root)
         else:
             typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
     ledger = Ledger.load(out) if out else None
     unchanged = Unchanged(ledger, Options()) if ledger else None  # as a run without --hash decides
-    items, skipped = discover(found, files_from, include or [], exclude or [], hidden, null,
-                              str(out) if out else None, known=unchanged.known if ledger else None)
+    items, skipped = discover(
+        found,
+        files_from,
+        include or [],
+        exclude or [],
+        hidden,
+        null,
+        str(out) if out else None,
+        known=unchanged.known if ledger else None,
+    )
     todo = _not_done(items, ledger) if ledger else items
     if model:
         from ..model.checkpoint import read_config
 
         try:
-            hidden_size = read_config(model, revision).text_config.hidden_size  # what embed_vision projects to
+            hidden_size = read_config(
+                model, revision
+            ).text_config.hidden_size  # what embed_vision projects to
         except UsageError as e:
             if not recorded_model:
                 raise
@@ -242,16 +322,33 @@ def _not_done(items, ledger) -> list:
     """The files encode -o OUT would do (by size and mtime, as a run without --hash decides)."""
     from ..output.repair import LOST
 
-    return [i for i in items if (e := ledger.get(i.path)) is None or (e.size, e.mtime_ns) != (i.size, i.mtime_ns)
-            or e.status == LOST]
+    return [
+        i
+        for i in items
+        if (e := ledger.get(i.path)) is None
+        or (e.size, e.mtime_ns) != (i.size, i.mtime_ns)
+        or e.status == LOST
+    ]
 
 
 @command()
-def demo(folder: Annotated[Path, typer.Argument(help="Where to put the demo checkpoint, media and output.")] = Path("demo")):
+def demo(
+    folder: Annotated[
+        Path, typer.Argument(help="Where to put the demo checkpoint, media and output.")
+    ] = Path("demo"),
+):
     """Run the real pipeline on generated media with a tiny random checkpoint (no hub needed)."""
     from ..dev.demo import make_demo
 
     ckpt, media = make_demo(folder)
     typer.echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)
-    encode(roots=[str(media)], out=folder / "embeddings", model=str(ckpt), dtype="float32", device="cpu", frames=8,
-           out_dtype="float32", json_out=True)
+    encode(
+        roots=[str(media)],
+        out=folder / "embeddings",
+        model=str(ckpt),
+        dtype="float32",
+        device="cpu",
+        frames=8,
+        out_dtype="float32",
+        json_out=True,
+    )

@@ -25,7 +25,11 @@ FPS = 30
 # 3 gives 1080p H.264 at about a phone's rate (~50 MB a minute at 30 fps; 5 gave 115)
 NOISE = 3
 # fast presets that still make a long-GOP file with B-frames: generation stays affordable on 2 cores
-X264 = {"preset": "superfast", "crf": "23", "x264-params": "keyint=250:min-keyint=25:bframes=3:scenecut=0"}
+X264 = {
+    "preset": "superfast",
+    "crf": "23",
+    "x264-params": "keyint=250:min-keyint=25:bframes=3:scenecut=0",
+}
 X265 = {"preset": "ultrafast", "crf": "28", "x265-params": "keyint=250:bframes=4:log-level=error"}
 VP9 = {"deadline": "realtime", "cpu-used": "8", "crf": "33", "b": "0", "g": "250", "row-mt": "1"}
 
@@ -40,7 +44,9 @@ def scale() -> float:
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("GEMMA4ENC_BENCH_MEDIA", Path.home() / ".cache" / "gemma4enc" / "bench-media"))
+    root = Path(
+        os.environ.get("GEMMA4ENC_BENCH_MEDIA", Path.home() / ".cache" / "gemma4enc" / "bench-media")
+    )
     s = scale()
     return root / (f"v{VERSION}" if s == 1 else f"v{VERSION}-x{s:g}")
 
@@ -62,19 +68,33 @@ def screenshot(width: int, height: int, seed: int):
     draw.rectangle((0, 0, width, max(4, height // 40)), fill=(40, 44, 52))
     for _ in range(6):
         x0, y0 = int(rng.integers(0, width * 2 // 3)), int(rng.integers(height // 36, height * 2 // 3))
-        x1, y1 = x0 + int(rng.integers(width // 8, width // 2)), y0 + int(rng.integers(height // 7, height // 2))
-        draw.rectangle((x0, y0, x1, y1), fill=tuple(int(c) for c in rng.integers(200, 256, 3)), outline=(90, 90, 90))
+        x1, y1 = (
+            x0 + int(rng.integers(width // 8, width // 2)),
+            y0 + int(rng.integers(height // 7, height // 2)),
+        )
+        draw.rectangle(
+            (x0, y0, x1, y1), fill=tuple(int(c) for c in rng.integers(200, 256, 3)), outline=(90, 90, 90)
+        )
         draw.rectangle((x0, y0, x1, y0 + 24), fill=tuple(int(c) for c in rng.integers(60, 160, 3)))
         for line in range(y0 + 32, y1 - 14, 18):
-            words = " ".join("".join(chr(97 + int(c)) for c in rng.integers(0, 26, rng.integers(2, 9)))
-                             for _ in range(int(rng.integers(3, 12))))
+            words = " ".join(
+                "".join(chr(97 + int(c)) for c in rng.integers(0, 26, rng.integers(2, 9)))
+                for _ in range(int(rng.integers(3, 12)))
+            )
             draw.text((x0 + 8, line), words, fill=(20, 20, 20))
     image.paste(camera_photo(width // 4, height // 4, seed=seed), (width * 5 // 8, height * 5 // 8))
     return image
 
 
-def write_clip(path: Path, codec: str, size: tuple[int, int], seconds: float, options: dict, log=print,
-               noise: int = NOISE) -> None:
+def write_clip(
+    path: Path,
+    codec: str,
+    size: tuple[int, int],
+    seconds: float,
+    options: dict,
+    log=print,
+    noise: int = NOISE,
+) -> None:
     """A panning camera-like scene with fresh sensor noise in every frame, encoded from yuv420p."""
     import av
 
@@ -92,8 +112,8 @@ def write_clip(path: Path, codec: str, size: tuple[int, int], seconds: float, op
         for i in range(total):
             x = int((w // 4) * (1 + np.sin(i / 97))) // 2 * 2  # even: chroma is at half resolution
             y = int((h // 8) * (1 + np.cos(i / 131))) // 2 * 2
-            plane = np.clip(luma[y: y + h, x: x + w] + grain[i % 5], 0, 255).astype(np.uint8)
-            u, v = (c[y: y + h: 2, x: x + w: 2] for c in (cb, cr))
+            plane = np.clip(luma[y : y + h, x : x + w] + grain[i % 5], 0, 255).astype(np.uint8)
+            u, v = (c[y : y + h : 2, x : x + w : 2] for c in (cb, cr))
             yuv = np.concatenate([plane, u.reshape(-1, w), v.reshape(-1, w)])
             container.mux(stream.encode(av.VideoFrame.from_ndarray(yuv, format="yuv420p")))
             if time.monotonic() - last > PROGRESS_S:
@@ -109,18 +129,31 @@ def plan() -> dict[str, list[tuple[str, Callable[[Path], None]]]]:
     s = scale()
 
     def photo(w, h, seed, orientation=1, quality=90):
-        return lambda path: save_photo(camera_photo(_side(w, s), _side(h, s), seed=seed), path, orientation, quality)
+        return lambda path: save_photo(
+            camera_photo(_side(w, s), _side(h, s), seed=seed), path, orientation, quality
+        )
 
     def clip(codec, w, h, seconds, options):
-        return lambda path, log=print: write_clip(path, codec, (_side(w, s), _side(h, s)), seconds * s, options, log)
+        return lambda path, log=print: write_clip(
+            path, codec, (_side(w, s), _side(h, s)), seconds * s, options, log
+        )
 
     return {
-        "jpeg-12mp": [("12mp-a.jpg", photo(4032, 3024, 1)), ("12mp-b-o6.jpg", photo(3024, 4032, 2, 6)),
-                      ("12mp-c.jpg", photo(4032, 3024, 3)), ("12mp-d-o6.jpg", photo(3024, 4032, 4, 6))],
+        "jpeg-12mp": [
+            ("12mp-a.jpg", photo(4032, 3024, 1)),
+            ("12mp-b-o6.jpg", photo(3024, 4032, 2, 6)),
+            ("12mp-c.jpg", photo(4032, 3024, 3)),
+            ("12mp-d-o6.jpg", photo(3024, 4032, 4, 6)),
+        ],
         "jpeg-24mp": [("24mp-a.jpg", photo(6000, 4000, 5)), ("24mp-b-o6.jpg", photo(4000, 6000, 6, 6))],
         "heic-12mp": [("12mp-a.heic", photo(4032, 3024, 7, quality=50))],  # ~2–3 MB, as a phone's
-        "png-screenshot": [(f"screen-{i}.png", lambda path, i=i: screenshot(_side(2560, s), _side(1440, s), i).save(path))
-                           for i in range(2)],
+        "png-screenshot": [
+            (
+                f"screen-{i}.png",
+                lambda path, i=i: screenshot(_side(2560, s), _side(1440, s), i).save(path),
+            )
+            for i in range(2)
+        ],
         "h264-480p-10s": [("h264-480p-10s.mp4", clip("libx264", 854, 480, 10, X264))],
         "h264-1080p-60s": [("h264-1080p-60s.mp4", clip("libx264", 1920, 1080, 60, X264))],
         "hevc-1080p-10s": [("hevc-1080p-10s.mp4", clip("libx265", 1920, 1080, 10, X265))],
@@ -152,7 +185,7 @@ def generated(kinds: list[str] | None = None, log=print) -> tuple[dict[str, list
     for kind, files in plan().items():
         if kinds and kind not in kinds:
             continue
-        if (codec := missing_encoder(kind)):
+        if codec := missing_encoder(kind):
             log(f"{kind}: skipped, this PyAV has no {codec} encoder")
             continue
         for name, make in files:

@@ -25,8 +25,10 @@ def _field(rng, width: int, height: int, cells: int, amplitude: float) -> np.nda
     """Smooth random (height, width, 3) variation: a coarse random grid, bicubic-enlarged."""
     gw, gh = max(2, cells), max(2, cells * height // max(width, 1))
     grid = rng.uniform(-amplitude, amplitude, (gh, gw, 3)).astype(np.float32)
-    channels = [np.asarray(Image.fromarray(grid[..., c], "F").resize((width, height), Image.Resampling.BICUBIC))
-                for c in range(3)]
+    channels = [
+        np.asarray(Image.fromarray(grid[..., c], "F").resize((width, height), Image.Resampling.BICUBIC))
+        for c in range(3)
+    ]
     return np.stack(channels, -1)
 
 

@@ -17,19 +17,29 @@ import torch
 
 def tiny_config(clipped: bool = True, standardize: bool = True, hidden: int = 32, text_hidden: int = 48):
     from transformers import Gemma4Config
-    from transformers.models.gemma4.configuration_gemma4 import (
-        Gemma4TextConfig,
-        Gemma4VisionConfig,
-    )
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig, Gemma4VisionConfig
 
     text = Gemma4TextConfig(
-        vocab_size=256, vocab_size_per_layer_input=256, hidden_size=text_hidden, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        hidden_size_per_layer_input=8, layer_types=["sliding_attention", "full_attention"],
+        vocab_size=256,
+        vocab_size_per_layer_input=256,
+        hidden_size=text_hidden,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        hidden_size_per_layer_input=8,
+        layer_types=["sliding_attention", "full_attention"],
     )
     vision = Gemma4VisionConfig(
-        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=16, use_clipped_linears=clipped, standardize=standardize,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        use_clipped_linears=clipped,
+        standardize=standardize,
     )
     return Gemma4Config(text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None)
 
@@ -44,11 +54,20 @@ def tiny_unified_config(embed: int = 32, text_hidden: int = 48):
     )
 
     text = Gemma4UnifiedTextConfig(
-        vocab_size=256, hidden_size=text_hidden, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, global_head_dim=16, layer_types=["sliding_attention", "full_attention"],
+        vocab_size=256,
+        hidden_size=text_hidden,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+        layer_types=["sliding_attention", "full_attention"],
     )
     vision = Gemma4UnifiedVisionConfig(mm_embed_dim=embed, output_proj_dims=embed)
-    return Gemma4UnifiedConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None)
+    return Gemma4UnifiedConfig(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None
+    )
 
 
 def randomize_(model: torch.nn.Module, seed: int) -> None:
@@ -89,13 +108,12 @@ def random_buffer(name: str, shape, g: torch.Generator) -> torch.Tensor | None:
     return None
 
 
-def build(folder: Path, seed: int = 0, shard_size: str | None = None, unified: bool = False, **config_kw):
+def build(
+    folder: Path, seed: int = 0, shard_size: str | None = None, unified: bool = False, **config_kw
+):
     """Save a random Gemma4ForConditionalGeneration (with `unified`, a Gemma4UnifiedForConditionalGeneration)
     to `folder`; return the in-memory model."""
-    from transformers import (
-        Gemma4ForConditionalGeneration,
-        Gemma4UnifiedForConditionalGeneration,
-    )
+    from transformers import Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration
 
     torch.manual_seed(seed)
     if unified:
@@ -121,7 +139,7 @@ def barcode_frame(index: int, width: int = 192, height: int = 144) -> np.ndarray
     band = height // 2
     col = width // BITS
     for bit in range(BITS):
-        frame[:band, bit * col:(bit + 1) * col] = 255 if (index >> bit) & 1 else 0
+        frame[:band, bit * col : (bit + 1) * col] = 255 if (index >> bit) & 1 else 0
     return frame
 
 
@@ -130,12 +148,19 @@ def read_barcode(frame: np.ndarray) -> int:
     height, width = frame.shape[:2]
     band = frame[: height // 2].astype(np.float32).mean(axis=(0, 2))  # (W,)
     col = width / BITS
-    bits = [band[int(b * col + col * 0.3): int(b * col + col * 0.7)].mean() > 127 for b in range(BITS)]
+    bits = [band[int(b * col + col * 0.3) : int(b * col + col * 0.7)].mean() > 127 for b in range(BITS)]
     return sum(1 << b for b, on in enumerate(bits) if on)
 
 
-def write_video(path: Path, frames: int = 40, codec: str = "libx264", fps: int = 30, size=(192, 144),
-                durations_ms: list[int] | None = None, gop: int = 12) -> None:
+def write_video(
+    path: Path,
+    frames: int = 40,
+    codec: str = "libx264",
+    fps: int = 30,
+    size=(192, 144),
+    durations_ms: list[int] | None = None,
+    gop: int = 12,
+) -> None:
     """A clip whose frame i shows i; `durations_ms` gives a variable frame rate; x264/x265 add B-frames."""
     import fractions
 
@@ -165,9 +190,11 @@ def rotate_mp4(path: Path) -> None:
     data = bytearray(path.read_bytes())
     at = data.find(b"tkhd")
     version = data[at + 4]
-    matrix = at + 4 + 4 + (32 if version == 1 else 20) + 8 + 8  # after times, id, duration, reserved, layer…
+    matrix = (
+        at + 4 + 4 + (32 if version == 1 else 20) + 8 + 8
+    )  # after times, id, duration, reserved, layer…
     values = [0, 0x10000, 0, -0x10000 & 0xFFFFFFFF, 0, 0, 0, 0, 0x40000000]
-    data[matrix: matrix + 36] = b"".join(v.to_bytes(4, "big") for v in values)
+    data[matrix : matrix + 36] = b"".join(v.to_bytes(4, "big") for v in values)
     path.write_bytes(bytes(data))
 
 

@@ -89,7 +89,9 @@ def decode_kind(kind: str, files: list[str], options, log) -> dict | None:
     cpu, frames, patches, peak, done, last = 0.0, 0, 0, 0, 0, time.monotonic()
     failed: set[str] = set()
     for result in pool.map(items):
-        decoded, seconds, rss = (result, 0.0, 0) if isinstance(result, Decoded) else result  # bare: worker died
+        decoded, seconds, rss = (
+            (result, 0.0, 0) if isinstance(result, Decoded) else result
+        )  # bare: worker died
         if decoded.status != "ok":  # a user's folder may hold a bad file: it is left out, said once
             if decoded.item.path not in failed:
                 log(f"  {kind}: left out {decoded.item.path}: {decoded.status}: {decoded.error}")
@@ -103,15 +105,35 @@ def decode_kind(kind: str, files: list[str], options, log) -> dict | None:
     if not frames:
         return None
     cpu = max(cpu, 1e-9)
-    return {"files": len(files) - len(failed), "left_out": sorted(failed), "decoded": done, "frames": frames,
-            "patches": patches, "cpu_s": cpu, "per_core": frames / cpu,
-            "unit": "sampled frames/s/core" if benchmedia.is_video(kind) else "images/s/core",
-            "ms_cpu_per_frame": 1e3 * cpu / frames, "patches_per_core_s": patches / cpu,
-            "peak_rss_per_worker_bytes": peak}
+    return {
+        "files": len(files) - len(failed),
+        "left_out": sorted(failed),
+        "decoded": done,
+        "frames": frames,
+        "patches": patches,
+        "cpu_s": cpu,
+        "per_core": frames / cpu,
+        "unit": "sampled frames/s/core" if benchmedia.is_video(kind) else "images/s/core",
+        "ms_cpu_per_frame": 1e3 * cpu / frames,
+        "patches_per_core_s": patches / cpu,
+        "peak_rss_per_worker_bytes": peak,
+    }
 
 
-def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=None, repeats=3, folder=None,
-        tower_rate=None, image_tokens=280, frames=32, log=print) -> dict:
+def e2e(
+    size="e2b",
+    layers=None,
+    device="auto",
+    dtype="auto",
+    count=24,
+    workers=None,
+    repeats=3,
+    folder=None,
+    tower_rate=None,
+    image_tokens=280,
+    frames=32,
+    log=print,
+) -> dict:
     """The report of `bench --e2e`: per kind decode rates and cores to feed, then the overlap on the whole set.
 
     folder: a user's folder (`count` files per kind and extension sampled), else the generated set.
@@ -136,7 +158,9 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
     dev = parse_device(device)
     dt = parse_dtype(dtype_name(dtype, dev))
     workers = default_workers() if workers is None else workers
-    options = Options(workers=workers, decode_timeout=600, image_tokens=image_tokens, sampling=Sampling(frames=frames))
+    options = Options(
+        workers=workers, decode_timeout=600, image_tokens=image_tokens, sampling=Sampling(frames=frames)
+    )
     kinds = {}
     for kind, files in groups.items():
         log(f"decoding {kind}: {len(files)} file(s), one worker")
@@ -146,19 +170,41 @@ def e2e(size="e2b", layers=None, device="auto", dtype="auto", count=24, workers=
         raise UsageError(f"{folder}: none of the sampled files decodes")
     tower = random_tower(size, layers, dev, dt)
     mode, max_patches = resolve_batching("auto", dev, tower.attention), default_patches(dev)
-    all_files = [f for kind, files in groups.items() if kind in kinds for f in files
-                 if f not in kinds[kind]["left_out"]]
-    overlap = _overlap(tower, mode, max_patches, items_of(all_files), options, workers, repeats, dev, log)
+    all_files = [
+        f
+        for kind, files in groups.items()
+        if kind in kinds
+        for f in files
+        if f not in kinds[kind]["left_out"]
+    ]
+    overlap = _overlap(
+        tower, mode, max_patches, items_of(all_files), options, workers, repeats, dev, log
+    )
     if tower_rate:
         tower_patches, tower_source = tower_rate * image_tokens * 9, f"given: {tower_rate:g} photos/s"
     else:
-        tower_patches, tower_source = overlap["measured_tower_patches_per_s"], f"measured here ({dev}, {dt})"
+        tower_patches, tower_source = (
+            overlap["measured_tower_patches_per_s"],
+            f"measured here ({dev}, {dt})",
+        )
     for entry in kinds.values():
         entry["cores_to_feed"] = tower_patches / entry["patches_per_core_s"]
-    report = {"size": size, "layers": tower_layers(tower), "device": str(dev), "dtype": str(dt),
-              "source": str(folder) if folder else str(benchmedia.cache_dir()), "generation_cpu_s": generation_s,
-              "workers": workers, "batching": mode, "image_tokens": image_tokens, "tower_patches_per_s": tower_patches,
-              "tower_rate_source": tower_source, "kinds": kinds, **overlap, "wall_s": time.monotonic() - start}
+    report = {
+        "size": size,
+        "layers": tower_layers(tower),
+        "device": str(dev),
+        "dtype": str(dt),
+        "source": str(folder) if folder else str(benchmedia.cache_dir()),
+        "generation_cpu_s": generation_s,
+        "workers": workers,
+        "batching": mode,
+        "image_tokens": image_tokens,
+        "tower_patches_per_s": tower_patches,
+        "tower_rate_source": tower_source,
+        "kinds": kinds,
+        **overlap,
+        "wall_s": time.monotonic() - start,
+    }
     log(table(report))
     return report
 
@@ -178,6 +224,7 @@ def _overlap(tower, mode, max_patches, items, options, workers, repeats, dev, lo
 
     decoded: list = []
     with tempfile.TemporaryDirectory(prefix="gemma4enc-e2e-") as tmp:
+
         def decode_only():
             decoded[:] = list(DecodePool(options, workers, options.decode_timeout).map(items))
 
@@ -194,36 +241,57 @@ def _overlap(tower, mode, max_patches, items, options, workers, repeats, dev, lo
         stages = {"decode-only": decode_only, "encode-only": encode_only, "end-to-end": end_to_end}
         methods = {}
         for name, fn in stages.items():
+
             def timed(name=name, fn=fn):
                 with ticking(name, log):
                     fn()
+
             methods[name] = timed
-        log(f"the whole set ({len(items)} files) through {workers} decode worker(s) and the tower, "
-            f"{repeats} interleaved round(s)")
+        log(
+            f"the whole set ({len(items)} files) through {workers} decode worker(s) and the tower, "
+            f"{repeats} interleaved round(s)"
+        )
         with ticking("warm-up decode", log):
             decode_only()  # warm-up, and the patches encode-only needs
-        times, peaks = interleaved(methods, repeats, dev, torch.device("cpu"))  # host memory is the question
+        times, peaks = interleaved(
+            methods, repeats, dev, torch.device("cpu")
+        )  # host memory is the question
     rate = {m: len(items) / statistics.median(t) for m, t in times.items()}
     patches = sum(p.n for d in decoded for p in d.patches)
-    return {"files": len(items), "repeats": repeats, "items_per_s": rate, "host_peak_rss_growth_bytes": peaks,
-            "overlap": rate["end-to-end"] / min(rate["decode-only"], rate["encode-only"]),
-            "end_to_end_vs_encode_only": rate["end-to-end"] / rate["encode-only"],
-            "measured_tower_patches_per_s": patches / statistics.median(times["encode-only"])}
+    return {
+        "files": len(items),
+        "repeats": repeats,
+        "items_per_s": rate,
+        "host_peak_rss_growth_bytes": peaks,
+        "overlap": rate["end-to-end"] / min(rate["decode-only"], rate["encode-only"]),
+        "end_to_end_vs_encode_only": rate["end-to-end"] / rate["encode-only"],
+        "measured_tower_patches_per_s": patches / statistics.median(times["encode-only"]),
+    }
 
 
 def table(report: dict) -> str:
-    lines = [f"\ndecode to patches, one worker per kind; cores to feed a tower taking "
-             f"{report['tower_patches_per_s']:,.0f} patches/s ({report['tower_rate_source']})",
-             f"{'kind':<18} {'files':>5} {'per core':>9} {'unit':<22} {'ms CPU each':>11} {'peak RSS MB':>11} "
-             f"{'cores to feed':>13}"]
+    lines = [
+        f"\ndecode to patches, one worker per kind; cores to feed a tower taking "
+        f"{report['tower_patches_per_s']:,.0f} patches/s ({report['tower_rate_source']})",
+        f"{'kind':<18} {'files':>5} {'per core':>9} {'unit':<22} {'ms CPU each':>11} {'peak RSS MB':>11} "
+        f"{'cores to feed':>13}",
+    ]
     for kind, e in report["kinds"].items():
-        lines.append(f"{kind:<18} {e['files']:>5} {e['per_core']:>9.2f} {e['unit']:<22} {e['ms_cpu_per_frame']:>11.1f} "
-                     f"{e['peak_rss_per_worker_bytes'] / 2**20:>11.0f} {e['cores_to_feed']:>13.2f}")
+        lines.append(
+            f"{kind:<18} {e['files']:>5} {e['per_core']:>9.2f} {e['unit']:<22} {e['ms_cpu_per_frame']:>11.1f} "
+            f"{e['peak_rss_per_worker_bytes'] / 2**20:>11.0f} {e['cores_to_feed']:>13.2f}"
+        )
     rate = report["items_per_s"]
-    lines.append(f"\nend to end: {report['files']} files, {report['workers']} decode workers, {report['device']}, "
-                 f"{report['dtype']}, batching {report['batching']}")
+    lines.append(
+        f"\nend to end: {report['files']} files, {report['workers']} decode workers, {report['device']}, "
+        f"{report['dtype']}, batching {report['batching']}"
+    )
     for m, r in rate.items():
-        lines.append(f"{m:<12} {r:>8.2f} items/s   host RSS growth {report['host_peak_rss_growth_bytes'][m] / 2**20:>7.1f} MB")
-    lines.append(f"overlap (end-to-end / min(decode-only, encode-only)): {report['overlap']:.2f}; "
-                 f"end-to-end / encode-only: {report['end_to_end_vs_encode_only']:.2f}")
+        lines.append(
+            f"{m:<12} {r:>8.2f} items/s   host RSS growth {report['host_peak_rss_growth_bytes'][m] / 2**20:>7.1f} MB"
+        )
+    lines.append(
+        f"overlap (end-to-end / min(decode-only, encode-only)): {report['overlap']:.2f}; "
+        f"end-to-end / encode-only: {report['end_to_end_vs_encode_only']:.2f}"
+    )
     return "\n".join(lines)

@@ -12,8 +12,16 @@ from .image import UPRIGHT, decode_image  # noqa: F401 - the decoders' names, fo
 from .video import decode_video, prefit, snap_to_keyframes  # noqa: F401
 
 
-def decode(path: str, kind: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None,
-           transform=same, fit: int | None = None, seek: str = "exact") -> Frames:
+def decode(
+    path: str,
+    kind: str,
+    sampling: Sampling,
+    backend: str = "auto",
+    max_pixels: int | None = None,
+    transform=same,
+    fit: int | None = None,
+    seek: str = "exact",
+) -> Frames:
     """One file's frames, each passed through `transform` as soon as it is decoded.
 
     fit: images only, the soft-token budget to decode straight to (--resize fast; see decode_image).

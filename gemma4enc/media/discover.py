@@ -16,7 +16,9 @@ from .kinds import DONE, SNIFF_BYTES, Item, Known, ext_kind, kind_of
 from .sources import expanded, look_remote, tar_members, url_files
 
 
-def look(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None) -> Item | None:
+def look(
+    path: str, known: Known | None = None, root: str | None = None, rel: str | None = None
+) -> Item | None:
     """stat + sniff one path; failures become an Item with `error`, never an exception.
 
     A file `known` recognises (same size and mtime as its row) is only stat'ed: a re-run over
@@ -24,7 +26,8 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
     None: ten million of them cost no Item each. `root`/`rel`: where a walk found it, kept on
     the Item (also on a failed one). A URL or a tar's member is looked at through look_remote."""
     if (path[:1] != "/" or root is not None and root.endswith(".tar")) and (
-            remote.is_url(path) or webdataset.member_of(path, root, rel)):
+        remote.is_url(path) or webdataset.member_of(path, root, rel)
+    ):
         return look_remote(path, known, root, rel)
     try:
         st = os.stat(path)
@@ -41,7 +44,9 @@ def look(path: str, known: Known | None = None, root: str | None = None, rel: st
         reason = "broken symlink" if os.path.islink(path) else "file not found"
         return Item(path, ext_kind(path), 0, 0, reason, root, rel, Status.NOT_FOUND)
     except OSError as e:
-        return Item(path, ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel, Status.UNREADABLE)
+        return Item(
+            path, ext_kind(path), 0, 0, f"cannot read: {e.strerror or e}", root, rel, Status.UNREADABLE
+        )
     return Item(path, kind_of(path, head), st.st_size, st.st_mtime_ns, None, root, rel)
 
 
@@ -57,14 +62,23 @@ def _matches(rel: str, include: list[str], exclude: list[str]) -> bool:
         return True
     folders = rel.split(os.sep)[:-1]
     for p in (p.lower().rstrip(os.sep) for p in exclude):
-        if (fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(rel, p + os.sep + "*")
-                or any(fnmatch.fnmatchcase(folder, p) for folder in folders)):
+        if (
+            fnmatch.fnmatchcase(rel, p)
+            or fnmatch.fnmatchcase(name, p)
+            or fnmatch.fnmatchcase(rel, p + os.sep + "*")
+            or any(fnmatch.fnmatchcase(folder, p) for folder in folders)
+        ):
             return False
     return True
 
 
-def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None = None,
-         skip: str | None = None, seen: set[tuple[int, int]] | None = None) -> Iterable[str]:
+def walk(
+    root: str,
+    hidden: bool = False,
+    errors: list[tuple[str, str]] | None = None,
+    skip: str | None = None,
+    seen: set[tuple[int, int]] | None = None,
+) -> Iterable[str]:
     """Every file under root (root itself if a file), following symlinks without loops.
 
     Folders that cannot be listed go to `errors` as (path, reason) instead of vanishing;
@@ -79,7 +93,9 @@ def walk(root: str, hidden: bool = False, errors: list[tuple[str, str]] | None =
     if skip and os.path.isdir(skip):
         st = os.stat(skip)
         seen.add((st.st_dev, st.st_ino))
-    on_error = (lambda e: errors.append((e.filename, e.strerror or str(e)))) if errors is not None else None
+    on_error = (
+        (lambda e: errors.append((e.filename, e.strerror or str(e)))) if errors is not None else None
+    )
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=on_error):
         st = os.stat(dirpath)
         if (st.st_dev, st.st_ino) in seen:  # a symlink back up the tree
@@ -114,9 +130,16 @@ def _below(root: str, paths: Iterable[str]) -> Iterable[tuple[str, str, str]]:
     return ((p, p[cut:], root) for p in paths)
 
 
-def discover(roots: list[str], files_from: str | None = None, include: list[str] = (), exclude: list[str] = (),
-             hidden: bool = False, null: bool = False, out: str | None = None,
-             known: Known | None = None) -> tuple[list[Item], int]:
+def discover(
+    roots: list[str],
+    files_from: str | None = None,
+    include: list[str] = (),
+    exclude: list[str] = (),
+    hidden: bool = False,
+    null: bool = False,
+    out: str | None = None,
+    known: Known | None = None,
+) -> tuple[list[Item], int]:
     """(media items in one stable sorted order, count of files skipped as not media).
 
     Files named explicitly (a root that is a file, or a --files-from line) are always kept,
@@ -126,16 +149,27 @@ def discover(roots: list[str], files_from: str | None = None, include: list[str]
     `known`: see look(); the files it calls DONE are left out of the list.
     """
     counts = {}
-    (items,) = discover_chunks(roots, files_from, include, exclude, hidden, null, out, known, None, counts)
+    (items,) = discover_chunks(
+        roots, files_from, include, exclude, hidden, null, out, known, None, counts
+    )
     return items, counts["skipped"]
 
 
 CHUNK = 50_000  # Items a streamed discovery holds at a time (~430 bytes each with their strings)
 
 
-def discover_chunks(roots: list[str], files_from: str | None = None, include: list[str] = (),
-                    exclude: list[str] = (), hidden: bool = False, null: bool = False, out: str | None = None,
-                    known: Known | None = None, chunk: int | None = 0, counts: dict | None = None):
+def discover_chunks(
+    roots: list[str],
+    files_from: str | None = None,
+    include: list[str] = (),
+    exclude: list[str] = (),
+    hidden: bool = False,
+    null: bool = False,
+    out: str | None = None,
+    known: Known | None = None,
+    chunk: int | None = 0,
+    counts: dict | None = None,
+):
     """discover(), as sorted lists of about `chunk` items, found as they are asked for: memory holds a
     chunk, not the folder. Each chunk is sorted; the whole is one list in discover()'s order when
     it fits in one chunk. Only walked roots none of which lies inside another stream: files
@@ -156,7 +190,9 @@ def discover_chunks(roots: list[str], files_from: str | None = None, include: li
     roots = [p for r in roots for p in expanded(r)]
     listed = [p for r in listed for p in expanded(r)]
     for root in roots:
-        if not remote.is_url(root) and not os.path.lexists(root):  # a typo, not a file that vanished: say so now
+        if not remote.is_url(root) and not os.path.lexists(
+            root
+        ):  # a typo, not a file that vanished: say so now
             raise UsageError(f"{root}: no such file or folder")
     seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
     for root in [*roots, *listed]:
@@ -168,7 +204,9 @@ def discover_chunks(roots: list[str], files_from: str | None = None, include: li
             remote_roots.append(root)
             elsewhere.append(url_files(root, hidden, unlisted))
         elif os.path.isdir(root):
-            root = os.path.abspath(root)  # walked paths come out absolute and normalised: no abspath each
+            root = os.path.abspath(
+                root
+            )  # walked paths come out absolute and normalised: no abspath each
             walked_roots.append(root)
             walked.append(_below(root, walk(root, hidden, unlisted, skip=out, seen=seen)))
         else:
@@ -177,9 +215,11 @@ def discover_chunks(roots: list[str], files_from: str | None = None, include: li
         chunk = None  # a path may come twice: one list, deduplicated, as ever
     items: dict[str, Item] = {}
     # generators, not lists: at a million files each list of them costs ~100 MB
-    candidates = itertools.chain(((os.path.abspath(p), p, True, None, None) for p in named),
-                                 ((p, rel, False, root, None) for p, rel, root in itertools.chain(*walked)),
-                                 *elsewhere)
+    candidates = itertools.chain(
+        ((os.path.abspath(p), p, True, None, None) for p in named),
+        ((p, rel, False, root, None) for p, rel, root in itertools.chain(*walked)),
+        *elsewhere,
+    )
     include, exclude = list(include), list(exclude)
     for path, rel, explicit, root, make in candidates:
         if (include or exclude) and not _matches(rel, include, exclude):
@@ -196,8 +236,17 @@ def discover_chunks(roots: list[str], files_from: str | None = None, include: li
             items = {}
     for path, reason in unlisted:  # a row says which folder was not read, and why
         path = path if remote.is_url(path) else os.path.abspath(path)
-        items.setdefault(path, Item(path, "unknown", 0, 0, error=f"cannot list this folder: {reason}",
-                                    status=Status.UNREADABLE))
+        items.setdefault(
+            path,
+            Item(
+                path,
+                "unknown",
+                0,
+                0,
+                error=f"cannot list this folder: {reason}",
+                status=Status.UNREADABLE,
+            ),
+        )
     counts["last"] = True  # what follows is the last chunk: a caller need not stream
     yield sorted(items.values(), key=lambda i: i.path)
 
@@ -206,5 +255,3 @@ def _nested(roots: list[str]) -> bool:
     """Whether one root lies inside another (or is given twice): its files would come twice."""
     ordered = sorted(r.rstrip("/") + "/" for r in roots)
     return any(b.startswith(a) for a, b in zip(ordered, ordered[1:]))
-
-

@@ -20,7 +20,9 @@ class Frames:
     """What decoding one file gives: one image, or a video's sampled frames."""
 
     images: list  # PIL RGB images or (H, W, 3) uint8 arrays, in rising frame order
-    indices: list[int] = field(default_factory=lambda: [0])  # frame numbers in the source (presentation order)
+    indices: list[int] = field(
+        default_factory=lambda: [0]
+    )  # frame numbers in the source (presentation order)
     timestamps: list[float] = field(default_factory=lambda: [0.0])  # seconds from the stream start
     info: dict = field(default_factory=dict)  # width, height, fps, total_frames, backend, …
 
@@ -42,4 +44,6 @@ def guard(fn, *args):
     except ImportError as e:  # decord has no wheel for every platform: auto then goes on with PyAV
         raise DecodeError(Status.DECODE_ERROR, f"{e.name or e} is not installed") from None
     except (RuntimeError, ValueError, OSError, IndexError) as e:
-        raise DecodeError(Status.DECODE_ERROR, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
+        raise DecodeError(
+            Status.DECODE_ERROR, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        ) from None

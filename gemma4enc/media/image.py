@@ -55,7 +55,10 @@ def _pillow_limits(max_pixels: int | None):
     """Pillow's bomb limit ours (checked on the full-size header) and truncated files errors, for
     this decode only: the process's own settings are put back, so a library user's stay theirs."""
     saved = Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES
-    Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = max_pixels, False  # truncated: not a grey patch
+    Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = (
+        max_pixels,
+        False,
+    )  # truncated: not a grey patch
     try:
         yield
     finally:
@@ -93,7 +96,9 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
             looks_like_image = sniff(path.read(SNIFF_BYTES)) == "image"
         if looks_like_image:
             raise DecodeError(Status.DECODE_ERROR, "corrupt image: its header is unreadable") from None
-        raise DecodeError(Status.UNSUPPORTED, "the content is not an image format Pillow reads") from None
+        raise DecodeError(
+            Status.UNSUPPORTED, "the content is not an image format Pillow reads"
+        ) from None
     except (FileNotFoundError, PermissionError):
         raise  # the caller says these in its own words
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated, corrupt, bad header
@@ -103,9 +108,15 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
 
 
 # EXIF orientation -> the transpose that turns the stored pixels upright (as ImageOps.exif_transpose)
-UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
-           5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
-           8: Image.Transpose.ROTATE_90}
+UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 # --resize fast, formats without a reduced decode: box-shrink by k only while the image stays

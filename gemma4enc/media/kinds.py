@@ -7,14 +7,58 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".avif", ".jfif", ".ppm",
-              ".pgm", ".pbm", ".ico", ".tga", ".heic", ".heif", ".hif", ".apng", ".jxl"}
+IMAGE_EXTS = {
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".gif",
+    ".webp",
+    ".bmp",
+    ".tif",
+    ".tiff",
+    ".avif",
+    ".jfif",
+    ".ppm",
+    ".pgm",
+    ".pbm",
+    ".ico",
+    ".tga",
+    ".heic",
+    ".heif",
+    ".hif",
+    ".apng",
+    ".jxl",
+}
 
 
 # MPEG-TS has no magic bytes in its first 32 (a sync byte every 188 or, in .m2ts, 192): the name tells
-VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".mts", ".flv",
-              ".wmv", ".3gp", ".ogv", ".m2ts", ".m2t", ".vob", ".mod", ".tod", ".3g2", ".f4v", ".asf", ".mxf",
-              ".dv", ".divx"}
+VIDEO_EXTS = {
+    ".mp4",
+    ".m4v",
+    ".mov",
+    ".mkv",
+    ".webm",
+    ".avi",
+    ".mpg",
+    ".mpeg",
+    ".ts",
+    ".mts",
+    ".flv",
+    ".wmv",
+    ".3gp",
+    ".ogv",
+    ".m2ts",
+    ".m2t",
+    ".vob",
+    ".mod",
+    ".tod",
+    ".3g2",
+    ".f4v",
+    ".asf",
+    ".mxf",
+    ".dv",
+    ".divx",
+}
 
 
 SNIFF_BYTES = 32
@@ -29,7 +73,9 @@ class Item:
     error: str | None = None  # set when the file could not even be looked at (broken link, no access)
     root: str | None = None  # the root folder it was found under (absolute), when found by walking
     rel: str | None = None  # its path relative to that root: how a moved or remounted root is recognised
-    status: str | None = None  # with `error`: the row's Status (discovery knows why, the worker does not guess)
+    status: str | None = (
+        None  # with `error`: the row's Status (discovery knows why, the worker does not guess)
+    )
 
 
 def sniff(head: bytes) -> str | None:
@@ -43,9 +89,16 @@ def sniff(head: bytes) -> str | None:
     if head[4:8] == b"ftyp":
         brand = head[8:12]
         return "image" if brand in (b"avif", b"avis", b"heic", b"heix", b"mif1", b"msf1") else "video"
-    if head[:4] == b"\x1a\x45\xdf\xa3" or head[:3] == b"FLV" or head[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3"):
+    if (
+        head[:4] == b"\x1a\x45\xdf\xa3"
+        or head[:3] == b"FLV"
+        or head[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3")
+    ):
         return "video"
-    if head[:4] == b"OggS" or head[:16] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11\xa6\xd9\x00\xaa\x00\x62\xce\x6c":
+    if (
+        head[:4] == b"OggS"
+        or head[:16] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11\xa6\xd9\x00\xaa\x00\x62\xce\x6c"
+    ):
         return "video"
     return None
 

@@ -36,7 +36,9 @@ def filesystem(url: str):
         protocol = url.split("://", 1)[0]
         if protocol in EXTRA:
             package, extra = EXTRA[protocol]
-            raise UsageError(f"{url}: {protocol}:// needs {package}: pip install 'gemma4enc[{extra}]'") from None
+            raise UsageError(
+                f"{url}: {protocol}:// needs {package}: pip install 'gemma4enc[{extra}]'"
+            ) from None
         raise UsageError(f"{url}: {str(e).splitlines()[0]}") from None  # fsspec's words name the package
     except ValueError as e:  # an unknown protocol
         raise UsageError(f"{url}: {e}") from None
@@ -75,7 +77,9 @@ def _is_file(info: dict) -> bool:
     return info.get("type") != "directory"
 
 
-def walk(url: str, hidden: bool = False, errors: list | None = None) -> Iterable[tuple[str, str, str, dict]]:
+def walk(
+    url: str, hidden: bool = False, errors: list | None = None
+) -> Iterable[tuple[str, str, str, dict]]:
     """(url, its part past the root, root url, listing info) for every file under `url`, one folder's
     listing at a time; `url` itself when it is a file. Hidden names (a leading dot) are skipped as
     locally; a folder that cannot be listed goes to `errors`."""

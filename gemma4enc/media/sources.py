@@ -14,8 +14,13 @@ from . import remote, webdataset
 from .kinds import DONE, SNIFF_BYTES, Item, Known, ext_kind, kind_of
 
 
-def look_remote(path: str, known: Known | None = None, root: str | None = None, rel: str | None = None,
-                info: dict | None = None) -> Item | None:
+def look_remote(
+    path: str,
+    known: Known | None = None,
+    root: str | None = None,
+    rel: str | None = None,
+    info: dict | None = None,
+) -> Item | None:
     """look() for a URL (size and mtime from `info`, its listing entry, else asked for) or a tar's
     member (root: the tar, rel: the member); first bytes are read only when `known` does not
     recognise the file."""
@@ -24,7 +29,9 @@ def look_remote(path: str, known: Known | None = None, root: str | None = None, 
         if member:
             entry = webdataset.index_of(root).get(rel)
             if entry is None:
-                return Item(path, ext_kind(path), 0, 0, "no such member in the tar", root, rel, Status.NOT_FOUND)
+                return Item(
+                    path, ext_kind(path), 0, 0, "no such member in the tar", root, rel, Status.NOT_FOUND
+                )
             size, mtime = entry[1], entry[2] * 1_000_000_000
         elif info is None:
             size, mtime, _ = remote.head(path, 0)
@@ -45,8 +52,16 @@ def look_remote(path: str, known: Known | None = None, root: str | None = None, 
     except UsageError:
         raise
     except (OSError, tarfile.TarError) as e:
-        return Item(path, ext_kind(path), 0, 0, f"cannot read: {getattr(e, 'strerror', None) or e}", root, rel,
-                    Status.UNREADABLE)
+        return Item(
+            path,
+            ext_kind(path),
+            0,
+            0,
+            f"cannot read: {getattr(e, 'strerror', None) or e}",
+            root,
+            rel,
+            Status.UNREADABLE,
+        )
     return Item(path, kind_of(path, head), size, mtime, None, root, rel)
 
 
@@ -59,7 +74,13 @@ def tar_members(tar: str) -> Iterable[tuple]:
         raise UsageError(f"{tar}: no such file or folder") from None
     except (OSError, tarfile.TarError) as e:
         reason = f"cannot read this tar: {getattr(e, 'strerror', None) or e}"
-        yield tar, tar, True, None, lambda known: Item(tar, "unknown", 0, 0, reason, status=Status.UNREADABLE)
+        yield (
+            tar,
+            tar,
+            True,
+            None,
+            lambda known: Item(tar, "unknown", 0, 0, reason, status=Status.UNREADABLE),
+        )
         return
 
     def maker(name, offset, size, mtime):
@@ -72,6 +93,7 @@ def tar_members(tar: str) -> Iterable[tuple]:
                 f.seek(offset)
                 kind = kind_of(name, f.read(min(size, SNIFF_BYTES)))
             return Item(path, kind, size, mtime_ns, None, tar, name)
+
         return make
 
     with f:
@@ -82,9 +104,17 @@ def tar_members(tar: str) -> Iterable[tuple]:
 def url_files(url: str, hidden: bool, errors: list) -> Iterable[tuple]:
     """discover's candidates under a URL: its listing, one folder at a time."""
     for path, rel, root, info in remote.walk(url, hidden, errors):
-        yield path, rel, root is None, root, (
-            lambda known, path=path, root=root, rel=rel, info=info: look_remote(
-                path, known, root, None if root is None else rel, info))
+        yield (
+            path,
+            rel,
+            root is None,
+            root,
+            (
+                lambda known, path=path, root=root, rel=rel, info=info: look_remote(
+                    path, known, root, None if root is None else rel, info
+                )
+            ),
+        )
 
 
 def expanded(root: str) -> list[str]:

@@ -68,10 +68,15 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str =
         if seek == "keyframe" and not index.by_count:
             wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
         elif seek_bound(seek) and not index.by_count:
-            wanted = snap_within(wanted, np.searchsorted(order, index.keyframes).tolist(), times, seek_bound(seek))
+            wanted = snap_within(
+                wanted, np.searchsorted(order, index.keyframes).tolist(), times, seek_bound(seek)
+            )
         size: list[tuple[int, int]] = []
-        got = {} if index.by_count else _pyav_frames(container, stream, index, wanted, transform, size,
-                                                      seek == "keyframe")
+        got = (
+            {}
+            if index.by_count
+            else _pyav_frames(container, stream, index, wanted, transform, size, seek == "keyframe")
+        )
         codec = stream.codec_context.name
     if index.by_count:  # from the very start, in a fresh demuxer: the count must begin at frame 0
         with av.open(path) as container:
@@ -79,17 +84,37 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str =
     missing = [i for i in wanted if i not in got]
     if missing and not index.by_count:  # the seeks found no way to them: one pass from the start
         with av.open(path) as container:
-            got |= _pyav_frames(container, _configured(container), index, missing, transform, size,
-                                seek == "keyframe", sequential=True)
+            got |= _pyav_frames(
+                container,
+                _configured(container),
+                index,
+                missing,
+                transform,
+                size,
+                seek == "keyframe",
+                sequential=True,
+            )
         missing = [i for i in wanted if i not in got]
     if not got:
         raise DecodeError(Status.DECODE_ERROR, "no sampled frame could be decoded")
     indices = sorted(got)
-    info = {"backend": "pyav", "codec": codec, "total_frames": len(times), "fps": fps,
-            "duration": float(times[-1]), "missing": missing, "truncated": index.truncated,
-            "height": size[0][0], "width": size[0][1]}
-    return Frames(images=[got[i] for i in indices], indices=indices,
-                  timestamps=[round(float(times[i]), 6) for i in indices], info=info)
+    info = {
+        "backend": "pyav",
+        "codec": codec,
+        "total_frames": len(times),
+        "fps": fps,
+        "duration": float(times[-1]),
+        "missing": missing,
+        "truncated": index.truncated,
+        "height": size[0][0],
+        "width": size[0][1],
+    }
+    return Frames(
+        images=[got[i] for i in indices],
+        indices=indices,
+        timestamps=[round(float(times[i]), 6) for i in indices],
+        info=info,
+    )
 
 
 def _configured(container):
@@ -100,8 +125,9 @@ def _configured(container):
     return stream
 
 
-def _pyav_frames(container, stream, index, wanted, transform, size, keys_only=False,
-                 sequential=False) -> dict[int, object]:
+def _pyav_frames(
+    container, stream, index, wanted, transform, size, keys_only=False, sequential=False
+) -> dict[int, object]:
     """Frame number -> transform(RGB array) for each wanted frame that decodes; size gets (h, w).
 
     keys_only: every wanted frame is a keyframe, so every other packet may be skipped.
@@ -113,15 +139,20 @@ def _pyav_frames(container, stream, index, wanted, transform, size, keys_only=Fa
     targets = set(pending)
     skip = None
     if keys_only or stream.codec_context.name in SKIPS_NONREF:
-        skip = (lambda packet: packet.pts not in targets)
+        skip = lambda packet: packet.pts not in targets
     skip_mode = "NONKEY" if keys_only else "NONREF"
     got: dict[int, np.ndarray] = {}
     frames, position = None, None  # the decoding run in progress and the pts it reached
     while pending:
         key = _keyframe_before(keyframes, pending[0])
-        if frames is None or (not sequential and key > position):  # next target lies past the next keyframe
-            packets = None if sequential or key not in index.rank else videoindex.packets_from(
-                container, stream, index, key)
+        if frames is None or (
+            not sequential and key > position
+        ):  # next target lies past the next keyframe
+            packets = (
+                None
+                if sequential or key not in index.rank
+                else videoindex.packets_from(container, stream, index, key)
+            )
             frames = _decoded(container, stream, skip, skip_mode, packets)
         for frame in frames:
             position = frame.pts
@@ -177,7 +208,9 @@ def snap_within(wanted: list[int], keys: list[int], times, bound: float) -> list
     for i in wanted:
         t = float(times[i])
         at = bisect.bisect_left(key_times, t)
-        near = min((j for j in (at - 1, at) if 0 <= j < len(keys)), key=lambda j: (abs(key_times[j] - t), j))
+        near = min(
+            (j for j in (at - 1, at) if 0 <= j < len(keys)), key=lambda j: (abs(key_times[j] - t), j)
+        )
         k = keys[near]
         if abs(key_times[near] - t) <= tau + 1e-9 and k not in taken and k not in wanted:
             out.append(k)
@@ -243,20 +276,32 @@ def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str
     if seek == "keyframe":
         wanted = snap_to_keyframes(wanted, sorted(int(k) for k in reader.get_key_indices()))
     elif seek_bound(seek):
-        wanted = snap_within(wanted, sorted(int(k) for k in reader.get_key_indices()), times, seek_bound(seek))
+        wanted = snap_within(
+            wanted, sorted(int(k) for k in reader.get_key_indices()), times, seek_bound(seek)
+        )
     images = []
     for at in range(0, len(wanted), DECORD_CHUNK):
         try:
-            batch = reader.get_batch(wanted[at: at + DECORD_CHUNK]).asnumpy()  # (F, H, W, 3) uint8
+            batch = reader.get_batch(wanted[at : at + DECORD_CHUNK]).asnumpy()  # (F, H, W, 3) uint8
         except (RuntimeError, decord.DECORDError) as e:
             raise DecodeError(Status.DECODE_ERROR, f"decord: {str(e).splitlines()[0][:200]}") from None
         if batch.ndim != 4 or batch.shape[-1] != 3:  # seen with rotated clips: let PyAV do it
             raise DecodeError(Status.DECODE_ERROR, f"decord returned frames shaped {batch.shape}")
         images += [transform(frame) for frame in batch]
-    info = {"backend": "decord", "total_frames": total, "fps": float(reader.get_avg_fps()),
-            "duration": float(times[-1]), "height": int(batch.shape[1]), "width": int(batch.shape[2])}
-    return Frames(images=images, indices=list(wanted), timestamps=[round(float(times[i]), 6) for i in wanted],
-                  info=info)
+    info = {
+        "backend": "decord",
+        "total_frames": total,
+        "fps": float(reader.get_avg_fps()),
+        "duration": float(times[-1]),
+        "height": int(batch.shape[1]),
+        "width": int(batch.shape[2]),
+    }
+    return Frames(
+        images=images,
+        indices=list(wanted),
+        timestamps=[round(float(times[i]), 6) for i in wanted],
+        info=info,
+    )
 
 
 def _probe(path: str, max_pixels: int | None) -> str | None:
@@ -273,8 +318,11 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
     except av.error.FFmpegError as e:
         raise DecodeError(Status.DECODE_ERROR, f"cannot open: {e}") from None
     if max_pixels and pixels > max_pixels:
-        raise DecodeError(Status.TOO_LARGE, f"frames of {stream.width}×{stream.height} exceed {max_pixels} pixels "
-                                       "(raise --max-image-pixels to allow them)")
+        raise DecodeError(
+            Status.TOO_LARGE,
+            f"frames of {stream.width}×{stream.height} exceed {max_pixels} pixels "
+            "(raise --max-image-pixels to allow them)",
+        )
     return codec
 
 
@@ -294,8 +342,14 @@ DECORD_CHUNK = 4  # frames fetched per get_batch call: memory holds a few full-s
 DECORD_INEXACT = {"hevc", "h265"}
 
 
-def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixels: int | None = None,
-                 transform=same, seek: str = "exact") -> Frames:
+def decode_video(
+    path: str,
+    sampling: Sampling,
+    backend: str = "auto",
+    max_pixels: int | None = None,
+    transform=same,
+    seek: str = "exact",
+) -> Frames:
     """--video-backend auto|decord|pyav; auto takes PyAV, and decord where PyAV cannot read a file.
 
     PyAV first: it skips the frames no sample needs (SKIPS_NONREF), which decord cannot, is exact
@@ -306,7 +360,9 @@ def decode_video(path: str, sampling: Sampling, backend: str = "auto", max_pixel
     `indices` says which frames were taken.
     """
     codec = guard(_probe, path, max_pixels)
-    if not isinstance(path, str):  # a file object (a URL's, a tar member's): PyAV reads it, decord takes names
+    if not isinstance(
+        path, str
+    ):  # a file object (a URL's, a tar member's): PyAV reads it, decord takes names
         path.seek(0)
         return guard(decode_video_pyav, path, sampling, transform, seek)
     if backend == "decord":

@@ -43,7 +43,9 @@ def scan(container, stream) -> Index:
     for packet in container.demux():
         if packet.stream.index != stream.index:
             if packet.pts is not None and packet.time_base:
-                other_end = max(other_end, float((packet.pts + (packet.duration or 0)) * packet.time_base))
+                other_end = max(
+                    other_end, float((packet.pts + (packet.duration or 0)) * packet.time_base)
+                )
             continue
         if not packet.size:
             continue
@@ -61,8 +63,13 @@ def scan(container, stream) -> Index:
         end = packet.pts + (packet.duration or 0)
         video_end = end if video_end is None else max(video_end, end)
     order = np.array(sorted(pts), dtype=np.int64)
-    index = Index(order, sorted(keyframes), rank, dts, first_dts if first_dts is not None else
-                  (int(order[0]) if len(order) else 0))
+    index = Index(
+        order,
+        sorted(keyframes),
+        rank,
+        dts,
+        first_dts if first_dts is not None else (int(order[0]) if len(order) else 0),
+    )
     index.by_count, index.packets = by_count, packets
     if len(order):
         index.truncated, index.header = _cut(container, stream, packets, video_end, other_end)

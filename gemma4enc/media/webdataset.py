@@ -39,7 +39,7 @@ def expand(pattern: str) -> list[str]:
         choices = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
     else:
         choices = m.group(1).split(",")
-    head, tail = pattern[:m.start()], pattern[m.end():]
+    head, tail = pattern[: m.start()], pattern[m.end() :]
     return [p for c in choices for p in expand(head + c + tail)]
 
 
@@ -78,8 +78,13 @@ def members(tar: str) -> tuple[object, dict]:
 
 def member_of(path: str, root: str | None, rel: str | None) -> bool:
     """Whether an item is a tar's member: its root is the tar (a file), its rel the member."""
-    return root is not None and rel is not None and is_tar(root) and path == f"{root}/{rel}" and (
-        remote.is_url(root) or not os.path.isdir(root))
+    return (
+        root is not None
+        and rel is not None
+        and is_tar(root)
+        and path == f"{root}/{rel}"
+        and (remote.is_url(root) or not os.path.isdir(root))
+    )
 
 
 def open_source(path: str, root: str | None, rel: str | None):
@@ -131,7 +136,7 @@ class _Window(io.RawIOBase):
             return 0
         self.f.seek(self.offset + self.pos)
         data = self.f.read(n)
-        b[:len(data)] = data
+        b[: len(data)] = data
         self.pos += len(data)
         return len(data)
 
@@ -169,5 +174,3 @@ def sidecars(tar: str, name: str) -> dict:
                 pass
         found[ext[1:]] = text
     return found
-
-

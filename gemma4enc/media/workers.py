@@ -59,13 +59,27 @@ def prepare(item: Item, options: Options) -> Decoded:
         digest = sha256(item.path, item.root, item.rel) if options.hash else None
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
         shrink = prefit if item.kind == "video" and options.resize == "fast" else lambda image, _: image
-        frames = decode(source, item.kind, options.sampling, options.video_backend, options.max_image_pixels,
-                        transform=lambda image: patchify(shrink(image, budget), budget),
-                        fit=budget if options.resize == "fast" else None, seek=options.seek)
+        frames = decode(
+            source,
+            item.kind,
+            options.sampling,
+            options.video_backend,
+            options.max_image_pixels,
+            transform=lambda image: patchify(shrink(image, budget), budget),
+            fit=budget if options.resize == "fast" else None,
+            seek=options.seek,
+        )
         video = {}
         if item.kind == "video":
-            video = {"frame_indices": frames.indices, "timestamps": frames.timestamps,
-                     **{k: frames.info[k] for k in ("fps", "duration", "total_frames", "backend") if k in frames.info}}
+            video = {
+                "frame_indices": frames.indices,
+                "timestamps": frames.timestamps,
+                **{
+                    k: frames.info[k]
+                    for k in ("fps", "duration", "total_frames", "backend")
+                    if k in frames.info
+                },
+            }
             if frames.info.get("truncated"):  # a cut file: sampled from the frames it has
                 video["truncated"] = True
             if frames.info.get("missing"):  # asked for, not decodable: the row says which
@@ -73,11 +87,22 @@ def prepare(item: Item, options: Options) -> Decoded:
         sidecar = None
         if elsewhere and webdataset.member_of(item.path, item.root, item.rel):
             sidecar = webdataset.sidecars(item.root, item.rel) or None
-        return Decoded(item, frames.images, int(frames.info["width"]), int(frames.info["height"]), video, digest,
-                       sidecar=sidecar)
+        return Decoded(
+            item,
+            frames.images,
+            int(frames.info["width"]),
+            int(frames.info["height"]),
+            video,
+            digest,
+            sidecar=sidecar,
+        )
     except DecodeError as e:
-        if not elsewhere and not os.path.exists(item.path):  # decoders word a vanished file as a corrupt one
-            return Decoded(item, status=Status.NOT_FOUND, error="the file vanished before it was decoded")
+        if not elsewhere and not os.path.exists(
+            item.path
+        ):  # decoders word a vanished file as a corrupt one
+            return Decoded(
+                item, status=Status.NOT_FOUND, error="the file vanished before it was decoded"
+            )
         return Decoded(item, status=e.status, error=str(e))
     except FileNotFoundError:
         return Decoded(item, status=Status.NOT_FOUND, error="the file vanished before it was decoded")
@@ -124,7 +149,9 @@ def _serve(conn, fn: Callable, options: Options) -> None:
         try:
             result = fn(item, options)
         except Exception as e:  # noqa: BLE001
-            result = Decoded(item, status=Status.DECODE_ERROR, error=f"{type(e).__name__}: {str(e)[:300]}")
+            result = Decoded(
+                item, status=Status.DECODE_ERROR, error=f"{type(e).__name__}: {str(e)[:300]}"
+            )
         conn.send((seq, result))
 
 
@@ -149,7 +176,9 @@ def _context():
 class _Worker:
     def __init__(self, ctx, fn: Callable, options: Options):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, fn, options), daemon=True, name="gemma4enc-decode")
+        self.proc = ctx.Process(
+            target=_serve, args=(child, fn, options), daemon=True, name="gemma4enc-decode"
+        )
         self.proc.start()
         child.close()
         self.task: tuple[int, Item] | None = None
@@ -171,8 +200,14 @@ class _Worker:
 class DecodePool:
     """`pool.map(items)` yields one Decoded per item, in order; workers=0 decodes in-process."""
 
-    def __init__(self, options: Options, workers: int | None = None, timeout: float | None = None,
-                 ahead: int | None = None, fn: Callable[[Item, Options], Decoded] = prepare):
+    def __init__(
+        self,
+        options: Options,
+        workers: int | None = None,
+        timeout: float | None = None,
+        ahead: int | None = None,
+        fn: Callable[[Item, Options], Decoded] = prepare,
+    ):
         self.options, self.fn = options, fn
         self.workers = default_workers() if workers is None else workers
         self.timeout = timeout
@@ -185,7 +220,9 @@ class DecodePool:
     def start(self) -> DecodePool:
         """Start the workers now, in the background (while the model loads); map() takes them over."""
         if self.workers and self._starter is None:
-            self._starter = threading.Thread(target=self._start_all, name="gemma4enc-decode-start", daemon=True)
+            self._starter = threading.Thread(
+                target=self._start_all, name="gemma4enc-decode-start", daemon=True
+            )
             self._starter.start()
         return self
 
@@ -247,8 +284,11 @@ class _Run:
     def ordered(self) -> Iterator[Decoded]:
         while True:
             with self.cond:
-                while self.taken not in self.done and not self.failure and not (
-                        self.exhausted and self.taken >= self.submitted):
+                while (
+                    self.taken not in self.done
+                    and not self.failure
+                    and not (self.exhausted and self.taken >= self.submitted)
+                ):
                     self.cond.wait(1.0)
                 if self.failure:
                     raise self.failure
@@ -290,8 +330,12 @@ class _Run:
                 if w.conn in ready or w.proc.sentinel in ready:
                     self._collect(w)
                 elif time.monotonic() > w.deadline:
-                    self._replace(w, Status.TIMEOUT, f"decoding took longer than {pool.timeout:g} s "
-                                                "(--decode-timeout); its worker was stopped")
+                    self._replace(
+                        w,
+                        Status.TIMEOUT,
+                        f"decoding took longer than {pool.timeout:g} s "
+                        "(--decode-timeout); its worker was stopped",
+                    )
 
     def _feed(self) -> None:
         for w in self.workers:
@@ -346,7 +390,9 @@ class _Run:
         w.proc.join(1)
         code = w.proc.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-        self._replace(w, Status.DECODE_ERROR, f"the decoder crashed on this file ({how}); its worker was replaced")
+        self._replace(
+            w, Status.DECODE_ERROR, f"the decoder crashed on this file ({how}); its worker was replaced"
+        )
 
     def _replace(self, w: _Worker, status: str, message: str) -> None:
         seq, item = w.task

@@ -21,10 +21,14 @@ def packed_attention(q, k, v, segments, cu, max_len, gqa: bool) -> torch.Tensor:
     device = str(q.device)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and device not in _VARLEN_BROKEN:
         try:
-            return _flash_varlen(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu, max_len, 1.0)
+            return _flash_varlen(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu, max_len, 1.0
+            )
         except (RuntimeError, ImportError, NotImplementedError, TypeError) as e:
             _VARLEN_BROKEN.add(device)  # e.g. an old GPU without flash kernels, an old torch
-            warnings.warn(f"varlen attention failed on {device} ({one_line(e)}); packs use one SDPA call per item")
+            warnings.warn(
+                f"varlen attention failed on {device} ({one_line(e)}); packs use one SDPA call per item"
+            )
     return _segment_sdpa(q, k, v, segments, 1.0, gqa)
 
 
@@ -33,11 +37,16 @@ _VARLEN_BROKEN: set[str] = set()  # devices where the varlen kernel failed once:
 
 def _segment_sdpa(q, k, v, segments, scale, gqa):
     """Attention per item, one SDPA call each. q, k, v: (heads, N, head_dim) → (N, heads, head_dim)."""
-    out = torch.empty((q.shape[1], q.shape[0], q.shape[2]), dtype=q.dtype, device=q.device)  # (N, heads, hd)
+    out = torch.empty(
+        (q.shape[1], q.shape[0], q.shape[2]), dtype=q.dtype, device=q.device
+    )  # (N, heads, hd)
     for start, end in segments:
         piece = F.scaled_dot_product_attention(
-            q[:, start:end].unsqueeze(0), k[:, start:end].unsqueeze(0), v[:, start:end].unsqueeze(0),
-            scale=scale, enable_gqa=gqa,
+            q[:, start:end].unsqueeze(0),
+            k[:, start:end].unsqueeze(0),
+            v[:, start:end].unsqueeze(0),
+            scale=scale,
+            enable_gqa=gqa,
         )  # (1, heads, n, hd)
         out[start:end] = piece[0].transpose(0, 1)
     return out

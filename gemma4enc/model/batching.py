@@ -14,7 +14,9 @@ import torch
 
 from ..media.patches import POOL, Patches
 
-CPU_PATCHES = 8192  # on the CPU batching buys little (see docs/benchmarks/tower.md): keep working sets small
+CPU_PATCHES = (
+    8192  # on the CPU batching buys little (see docs/benchmarks/tower.md): keep working sets small
+)
 BATCHINGS = ("auto", "serial", "bucket", "pack")
 
 
@@ -38,7 +40,7 @@ def batches(units: list[Unit], mode: str, max_patches: int) -> list[list[Unit]]:
         out = []
         for n, group in groups.items():
             step = max(1, max_patches // n)
-            out += [group[i: i + step] for i in range(0, len(group), step)]
+            out += [group[i : i + step] for i in range(0, len(group), step)]
         return out
     if mode == "pack":
         out, current, size = [], [], 0
@@ -70,7 +72,10 @@ def probe_items(n: int, count: int, seed: int = 0) -> list[Patches]:
     rows = max(3, (n // side) // 3 * 3)
     xs, ys = np.meshgrid(np.arange(side), np.arange(rows), indexing="xy")
     positions = np.stack([xs, ys], -1).reshape(-1, 2).astype(np.int64)
-    return [Patches(rng.integers(0, 256, (len(positions), 768), dtype=np.uint8), positions) for _ in range(count)]
+    return [
+        Patches(rng.integers(0, 256, (len(positions), 768), dtype=np.uint8), positions)
+        for _ in range(count)
+    ]
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,9 @@ def fit_memory(calls: list[list[int]], peaks: list[float]) -> MemoryModel:
 def measure_memory(tower, pack: bool) -> MemoryModel:
     """Probe calls on the device; each one's peak above what was allocated before it."""
     calls, peaks = [], []
-    tower.encode(probe_items(PROBES[0][0], 1), pack=pack)  # first-call allocations (cuBLAS workspace…) are not per call
+    tower.encode(
+        probe_items(PROBES[0][0], 1), pack=pack
+    )  # first-call allocations (cuBLAS workspace…) are not per call
     for n, count in PROBES:
         items = probe_items(n, count)
         torch.cuda.synchronize(tower.device)

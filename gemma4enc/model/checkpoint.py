@@ -34,7 +34,9 @@ class Checkpoint:
 def _read_config(root: Path, name: str):
     path = root / "config.json"
     if not path.is_file():
-        raise UsageError(f"{name}: no config.json in {root}; --model needs a Hugging Face checkpoint folder")
+        raise UsageError(
+            f"{name}: no config.json in {root}; --model needs a Hugging Face checkpoint folder"
+        )
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -76,7 +78,9 @@ def _local_folder(model: str, revision: str | None) -> Path | None:
     path = Path(model).expanduser()
     if path.is_dir():
         if revision:
-            raise UsageError(f"--revision {revision}: {model} is a local folder; --revision is for a hub id")
+            raise UsageError(
+                f"--revision {revision}: {model} is a local folder; --revision is for a hub id"
+            )
         return path
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise UsageError(f"{model}: no such checkpoint folder (and not a hub id like 'org/name')")

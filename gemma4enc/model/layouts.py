@@ -28,16 +28,26 @@ log = logging.getLogger("gemma4enc.model.layouts")
 # (pattern on "part.key", why it is unused); any prefix ("model." or none) is stripped first
 LEFTOVERS = (
     (re.compile(r"^embed_vision\.embedding\."), "Gemma 3n-era embedding"),
-    (re.compile(r"^embed_vision\.(hard_embedding_norm|soft_embedding_norm|embedding_post_projection_norm)\."),
-     "Gemma 3n-era embedding norm"),
+    (
+        re.compile(
+            r"^embed_vision\.(hard_embedding_norm|soft_embedding_norm|embedding_post_projection_norm)\."
+        ),
+        "Gemma 3n-era embedding norm",
+    ),
 )
 CLIP_SCALAR = re.compile(r"\.(input_min|input_max|output_min|output_max)$")
 
 # (key pattern, format) for quantized weights; the first that matches names the format
 QUANT_KEYS = (
-    (re.compile(r"\.(absmax|quant_map|nested_absmax|nested_quant_map)$|\.quant_state\."), "bitsandbytes 4-bit"),
+    (
+        re.compile(r"\.(absmax|quant_map|nested_absmax|nested_quant_map)$|\.quant_state\."),
+        "bitsandbytes 4-bit",
+    ),
     (re.compile(r"\.(SCB|weight_format)$"), "bitsandbytes 8-bit"),
-    (re.compile(r"\.(weight_packed|weight_shape|weight_global_scale|weight_zero_point)$"), "compressed-tensors"),
+    (
+        re.compile(r"\.(weight_packed|weight_shape|weight_global_scale|weight_zero_point)$"),
+        "compressed-tensors",
+    ),
     (re.compile(r"\.(weight_scale_2|input_scale)$"), "ModelOpt"),
     (re.compile(r"\.weight_scale_inv$"), "FP8 (block scales)"),
     (re.compile(r"\.(scales|biases)$"), "MLX affine"),
@@ -46,8 +56,14 @@ QUANT_KEYS = (
 )
 FLOATS = ("torch.float32", "torch.bfloat16", "torch.float16")
 # the lists in a quantization_config that name modules left in floating point
-EXCLUSIONS = ("llm_int8_skip_modules", "modules_to_not_convert", "ignore", "exclude_modules", "ignored_layers",
-              "skip_modules")
+EXCLUSIONS = (
+    "llm_int8_skip_modules",
+    "modules_to_not_convert",
+    "ignore",
+    "exclude_modules",
+    "ignored_layers",
+    "skip_modules",
+)
 # a linear layer's module path inside a vision part (what quantizers replace)
 LINEAR = re.compile(r"^(.*?(?:_proj(?:\.linear)?|embedding_projection|patch_dense))\.")
 # text hidden size → the released model whose bf16 checkpoint to use instead
@@ -78,7 +94,9 @@ def is_unified(config) -> bool:
 
 def vision_tensors(config, weight_map: dict[str, str], name: str) -> dict[str, dict[str, str]]:
     """part → {tensor name: file} for the model's vision, reading no tensor."""
-    return _unified_tensors(weight_map, name) if is_unified(config) else _gemma4_tensors(weight_map, name)
+    return (
+        _unified_tensors(weight_map, name) if is_unified(config) else _gemma4_tensors(weight_map, name)
+    )
 
 
 def _gemma4_tensors(weight_map: dict[str, str], name: str) -> dict[str, dict[str, str]]:
@@ -101,7 +119,9 @@ def _unified_tensors(weight_map: dict[str, str], name: str) -> dict[str, dict[st
         if part:
             found[part][key] = file
     if not any("patch_dense." in k for part in found.values() for k in part):
-        raise UsageError(f"{name}: this gemma4_unified checkpoint holds no vision_embedder.patch_dense tensor")
+        raise UsageError(
+            f"{name}: this gemma4_unified checkpoint holds no vision_embedder.patch_dense tensor"
+        )
     return found
 
 
@@ -110,11 +130,12 @@ def split(key: str, parts) -> tuple[str, str, str] | None:
     for prefix in ("model.", ""):
         for part in parts:
             if key.startswith(prefix + part):
-                return prefix, part, key[len(prefix + part):]
+                return prefix, part, key[len(prefix + part) :]
     return None
 
 
 # ---- quantized vision weights -------------------------------------------------------------
+
 
 def refuse_quantized(config, tensors: dict[str, dict[str, str]], name: str) -> None:
     """UsageError if the vision weights are quantized (by their key names, or a quantization
@@ -123,23 +144,35 @@ def refuse_quantized(config, tensors: dict[str, dict[str, str]], name: str) -> N
     for key in keys:
         for pattern, fmt in QUANT_KEYS:
             if pattern.search(key):
-                raise UsageError(_quantized(name, config, _config_format(config) or fmt, f"tensor {key}"))
+                raise UsageError(
+                    _quantized(name, config, _config_format(config) or fmt, f"tensor {key}")
+                )
     fmt = _config_format(config)
     if fmt and _covers(config, keys):
-        raise UsageError(_quantized(name, config, fmt, "config.json's quantization settings cover the vision tower"))
+        raise UsageError(
+            _quantized(name, config, fmt, "config.json's quantization settings cover the vision tower")
+        )
 
 
 def refuse_integer(state: dict, name: str, config, part: str) -> None:
     """A vision weight stored in an integer or 8-bit float dtype is quantized whatever its name says."""
     for key, tensor in state.items():
         if str(tensor.dtype) not in FLOATS:
-            raise UsageError(_quantized(name, config, _config_format(config) or f"{str(tensor.dtype)[6:]} weights",
-                                        f"tensor {part}{key} is {str(tensor.dtype)[6:]}"))
+            raise UsageError(
+                _quantized(
+                    name,
+                    config,
+                    _config_format(config) or f"{str(tensor.dtype)[6:]} weights",
+                    f"tensor {part}{key} is {str(tensor.dtype)[6:]}",
+                )
+            )
 
 
 def _quantized(name: str, config, fmt: str, evidence: str) -> str:
-    return (f"{name}: the vision tower is quantized ({fmt}; {evidence}); gemma4enc encodes with the floating-point "
-            f"vision weights: use the bf16 checkpoint of the same model, {_bf16_id(name, config)}")
+    return (
+        f"{name}: the vision tower is quantized ({fmt}; {evidence}); gemma4enc encodes with the floating-point "
+        f"vision weights: use the bf16 checkpoint of the same model, {_bf16_id(name, config)}"
+    )
 
 
 def _bf16_id(name: str, config) -> str:
@@ -182,13 +215,17 @@ def _covers(config, keys: list[str]) -> bool:
     no exclusion list names (read leniently: a doubtful entry counts as excluding it)."""
     qc = _quant_config(config)
     modules = {m.group(1) for key in keys if (m := LINEAR.match(key))}
-    if not qc:  # MLX: vision is quantized only where its own entry says how (mlx-vlm skips it by default)
+    if (
+        not qc
+    ):  # MLX: vision is quantized only where its own entry says how (mlx-vlm skips it by default)
         mlx = getattr(config, "quantization", None) or {}
         return any(isinstance(v, dict) and _names(k, m) for k, v in mlx.items() for m in modules)
     excluded = [e for field in EXCLUSIONS for e in (qc.get(field) or [])]
     targets = [t for group in (qc.get("config_groups") or {}).values() for t in group.get("targets", [])]
-    return any(not any(_names(e, m) for e in excluded) and (not targets or any(_targets(t, m) for t in targets))
-               for m in modules)
+    return any(
+        not any(_names(e, m) for e in excluded) and (not targets or any(_targets(t, m) for t in targets))
+        for m in modules
+    )
 
 
 def _names(entry: str, module: str) -> bool:
@@ -209,6 +246,7 @@ def _targets(target: str, module: str) -> bool:
 
 # ---- the keys the modules expect ----------------------------------------------------------
 
+
 def resolve(ckpt, expected: dict[str, object]):
     """`ckpt` with each part's tensors cut to the keys its module expects (`expected`: part →
     that module's state_dict keys). Known leftovers are dropped with one log line; a missing
@@ -221,15 +259,19 @@ def resolve(ckpt, expected: dict[str, object]):
         missing = sorted(want - set(found))
         if missing:
             prefix = next((split(k, (part,))[0] for k in found.values()), "model.")
-            raise UsageError(f"{ckpt.name}: the checkpoint lacks {len(missing)} {part}* tensor(s) the config needs: "
-                             f"{first(prefix + part + k for k in missing)}")
+            raise UsageError(
+                f"{ckpt.name}: the checkpoint lacks {len(missing)} {part}* tensor(s) the config needs: "
+                f"{first(prefix + part + k for k in missing)}"
+            )
         unknown = []
         for rel in sorted(set(found) - want):
             why = _leftover(part + rel, clipped)
             (skipped.append((found[rel], why)) if why else unknown.append(found[rel]))
         if unknown:
-            raise UsageError(f"{ckpt.name}: {len(unknown)} {part}* tensor(s) that the config's modules do not have "
-                             f"(another model size, or a config that does not match?): {first(unknown)}")
+            raise UsageError(
+                f"{ckpt.name}: {len(unknown)} {part}* tensor(s) that the config's modules do not have "
+                f"(another model size, or a config that does not match?): {first(unknown)}"
+            )
         tensors[part] = {found[rel]: ckpt.tensors[part][found[rel]] for rel in want}
     if skipped:
         _say(ckpt.name, skipped)
@@ -250,8 +292,10 @@ _said: set[str] = set()  # one line per checkpoint and process, however many tow
 
 def _say(name: str, skipped: list[tuple[str, str]]) -> None:
     reasons = sorted({why for _, why in skipped})
-    line = (f"gemma4enc: {name}: skipped {len(skipped)} tensor(s) the vision modules do not use ({'; '.join(reasons)}): "
-            f"{first(key for key, _ in skipped)}")
+    line = (
+        f"gemma4enc: {name}: skipped {len(skipped)} tensor(s) the vision modules do not use ({'; '.join(reasons)}): "
+        f"{first(key for key, _ in skipped)}"
+    )
     if line not in _said:
         _said.add(line)
         log.warning(line)

@@ -16,7 +16,11 @@ if TYPE_CHECKING:
 from ..errors import UsageError
 from .checkpoint import Checkpoint
 
-TOWER_DTYPES = ("float32", "bfloat16", "float16")  # options.DTYPES without auto, which dtype_name resolves
+TOWER_DTYPES = (
+    "float32",
+    "bfloat16",
+    "float16",
+)  # options.DTYPES without auto, which dtype_name resolves
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -90,7 +94,9 @@ def load_modules(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device):
         try:
             module.load_state_dict(state, strict=True, assign=True)
         except RuntimeError as e:
-            raise UsageError(f"{ckpt.name}: {part}* tensors do not match the config: {str(e).splitlines()[0]}") from None
+            raise UsageError(
+                f"{ckpt.name}: {part}* tensors do not match the config: {str(e).splitlines()[0]}"
+            ) from None
     return tower.place(device, dtype), embed.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

@@ -72,7 +72,9 @@ class Tower:
                 return self._compiled_stack(x, positions)
             except torch.OutOfMemoryError:
                 raise
-            except Exception as e:  # no C++ compiler, an unsupported op…: the eager path is the reference anyway
+            except (
+                Exception
+            ) as e:  # no C++ compiler, an unsupported op…: the eager path is the reference anyway
                 self._compiled = None
                 warnings.warn(f"--compile failed ({one_line(e)}); going on without it")
         return self.vision.encoder(x, positions)
@@ -84,7 +86,9 @@ class Tower:
             x = layer(x, cos, sin)
         return x
 
-    def encode_packed(self, x: torch.Tensor, positions: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    def encode_packed(
+        self, x: torch.Tensor, positions: torch.Tensor, lengths: list[int]
+    ) -> torch.Tensor:
         """(1, N, D) → (1, N, D): items concatenated, attention restricted to each item."""
         bounds = np.concatenate([[0], np.cumsum(lengths)])
         segments = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
@@ -163,4 +167,3 @@ def pool_slots(items: list[Patches]) -> tuple[torch.Tensor, int]:
         slots.append(offset + x // POOL + width * (y // POOL))
         offset += p.soft_tokens
     return torch.from_numpy(np.concatenate(slots)), offset
-

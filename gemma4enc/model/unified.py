@@ -22,7 +22,9 @@ from ..media.patches import PATCH, POOL, Patches
 from . import layouts
 
 PARTS = layouts.UNIFIED_PARTS
-_PROJECTION = "embedding_projection."  # the released name; the module has it inside `multimodal_embedder.`
+_PROJECTION = (
+    "embedding_projection."  # the released name; the module has it inside `multimodal_embedder.`
+)
 
 
 def module_state(ckpt) -> dict[str, torch.Tensor]:
@@ -38,22 +40,29 @@ def module_state(ckpt) -> dict[str, torch.Tensor]:
 
 def load_embedder(ckpt, dtype: torch.dtype, device: torch.device):
     """Build the embedder on meta and assign the read tensors, strictly (nothing left at its init)."""
-    from transformers.models.gemma4_unified.modeling_gemma4_unified import (
-        Gemma4UnifiedVisionEmbedder,
-    )
+    from transformers.models.gemma4_unified.modeling_gemma4_unified import Gemma4UnifiedVisionEmbedder
 
     with torch.device("meta"):
         embedder = Gemma4UnifiedVisionEmbedder(ckpt.config.vision_config, ckpt.config.text_config)
-    state = module_state(ckpt)  # quantized names were refused with the checkpoint (layouts.refuse_quantized)
+    state = module_state(
+        ckpt
+    )  # quantized names were refused with the checkpoint (layouts.refuse_quantized)
     layouts.refuse_integer(state, ckpt.name, ckpt.config, "vision_embedder.")
-    for what, keys in (("missing", embedder.state_dict().keys() - state), ("unexpected", state - embedder.state_dict().keys())):
+    for what, keys in (
+        ("missing", embedder.state_dict().keys() - state),
+        ("unexpected", state - embedder.state_dict().keys()),
+    ):
         if keys:
-            raise UsageError(f"{ckpt.name}: {what} vision_embedder tensor(s) {layouts.first(sorted(keys))}")
+            raise UsageError(
+                f"{ckpt.name}: {what} vision_embedder tensor(s) {layouts.first(sorted(keys))}"
+            )
     try:
         embedder.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:  # a shape that does not fit the config
         reason = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))
-        raise UsageError(f"{ckpt.name}: vision_embedder tensors do not match the config: {reason}") from None
+        raise UsageError(
+            f"{ckpt.name}: vision_embedder tensors do not match the config: {reason}"
+        ) from None
     return embedder.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
@@ -64,9 +73,15 @@ def merge(p: Patches) -> tuple[np.ndarray, np.ndarray]:
     if pw % POOL or ph % POOL or p.n != pw * ph:
         raise ValueError(f"patches of a {pw}x{ph} grid do not fill whole {POOL}x{POOL} cells")
     grid = np.empty((ph, pw, PATCH * PATCH * 3), np.uint8)
-    grid[p.positions[:, 1], p.positions[:, 0]] = p.pixels  # (ph, pw, 768), whatever order the patches came in
-    cells = grid.reshape(ph // POOL, POOL, pw // POOL, POOL, PATCH, PATCH, 3)  # (cy, ky, cx, kx, p, q, c)
-    cells = cells.transpose(0, 2, 1, 4, 3, 5, 6)  # (cy, cx, ky, p, kx, q, c): a cell's pixel rows, in order
+    grid[p.positions[:, 1], p.positions[:, 0]] = (
+        p.pixels
+    )  # (ph, pw, 768), whatever order the patches came in
+    cells = grid.reshape(
+        ph // POOL, POOL, pw // POOL, POOL, PATCH, PATCH, 3
+    )  # (cy, ky, cx, kx, p, q, c)
+    cells = cells.transpose(
+        0, 2, 1, 4, 3, 5, 6
+    )  # (cy, cx, ky, p, kx, q, c): a cell's pixel rows, in order
     pixels = np.ascontiguousarray(cells.reshape(-1, (POOL * PATCH) ** 2 * 3))  # (n/9, 6912)
     xs, ys = np.meshgrid(np.arange(pw // POOL), np.arange(ph // POOL), indexing="xy")
     return pixels, np.stack([xs, ys], -1).reshape(-1, 2).astype(np.int64)  # (n/9, 2)
@@ -81,7 +96,9 @@ class UnifiedTower:
         self.embedder, self.checkpoint = embedder, checkpoint
         self.device, self.dtype = device, dtype
         self.hidden = embedder.patch_dense.out_features  # mm_embed_dim
-        self.out_dim = embedder.multimodal_embedder.embedding_projection.out_features  # T, the language model's width
+        self.out_dim = (
+            embedder.multimodal_embedder.embedding_projection.out_features
+        )  # T, the language model's width
 
     def compile(self) -> "UnifiedTower":
         """--compile changes nothing here: one matmul (6912 → mm_embed_dim) is nearly all the work."""

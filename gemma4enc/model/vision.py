@@ -23,8 +23,10 @@ from ..errors import UsageError
 from .attention import packed_attention
 
 # hidden_activation → the function transformers' ACT2FN gives for it, in place (on the gate's own output)
-ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
-               "gelu": lambda x: torch.ops.aten.gelu_(x)}
+ACTIVATIONS = {
+    "gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "gelu": lambda x: torch.ops.aten.gelu_(x),
+}
 BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 
 
@@ -52,15 +54,24 @@ class VisionConfig:
     def from_dict(cls, raw: dict, name: str = "config.json") -> "VisionConfig":
         values = {f.name: raw[f.name] for f in fields(cls) if raw.get(f.name) is not None}
         rope = raw.get("rope_parameters") or {}
-        if rope.get("rope_type", "axial") not in ("axial", "default"):  # released configs say "default": axial
-            raise UsageError(f"{name}: vision rope_type {rope['rope_type']!r}; Gemma 4's vision tower uses axial rope")
+        if rope.get("rope_type", "axial") not in (
+            "axial",
+            "default",
+        ):  # released configs say "default": axial
+            raise UsageError(
+                f"{name}: vision rope_type {rope['rope_type']!r}; Gemma 4's vision tower uses axial rope"
+            )
         values["rope_theta"] = rope.get("rope_theta", raw.get("rope_theta", cls.rope_theta))
         config = cls(**values)
         if config.hidden_activation not in ACTIVATIONS:
-            raise UsageError(f"{name}: vision hidden_activation {config.hidden_activation!r} is not one Gemma 4 uses "
-                             f"({', '.join(ACTIVATIONS)})")
+            raise UsageError(
+                f"{name}: vision hidden_activation {config.hidden_activation!r} is not one Gemma 4 uses "
+                f"({', '.join(ACTIVATIONS)})"
+            )
         if config.head_dim % 4:
-            raise UsageError(f"{name}: vision head_dim {config.head_dim} is not a multiple of 4 (2-D rope halves it twice)")
+            raise UsageError(
+                f"{name}: vision head_dim {config.head_dim} is not a multiple of 4 (2-D rope halves it twice)"
+            )
         return config
 
 
@@ -114,7 +125,9 @@ class ClippableLinear(nn.Module):
         """own_input: h is a temporary nobody else reads, so its input clamp may be in place."""
         if not self.clipped:
             return self.linear(h)
-        if torch.compiler.is_compiling() or self.bounds is None:  # compiling first: no guard on the floats
+        if (
+            torch.compiler.is_compiling() or self.bounds is None
+        ):  # compiling first: no guard on the floats
             # traced (--compile): tensor bounds are graph inputs, so one graph serves every layer
             h = torch.clamp(h, self.input_min, self.input_max)
             return torch.clamp(self.linear(h), self.output_min, self.output_max)
@@ -146,7 +159,9 @@ class PatchEmbedder(nn.Module):
     def __init__(self, config: VisionConfig):
         super().__init__()
         self.input_proj = nn.Linear(3 * config.patch_size**2, config.hidden_size, bias=False)
-        self.position_embedding_table = nn.Parameter(torch.ones(2, config.position_embedding_size, config.hidden_size))
+        self.position_embedding_table = nn.Parameter(
+            torch.ones(2, config.position_embedding_size, config.hidden_size)
+        )
 
     def forward(self, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(..., n, 768) float32 in [0, 1] + (..., n, 2) (x, y) → (..., n, D): x and y embeddings added."""
@@ -171,7 +186,9 @@ class Rotary(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, n, 2) → cos, sin of (B, n, head_dim), laid out x, x, y, y as transformers recomposes them."""
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # (B, n, 2, head_dim/4)
+        freqs = positions[..., None].float() * self.inv_freq.to(
+            positions.device
+        )  # (B, n, 2, head_dim/4)
 
         def recompose(f):
             return torch.cat([f[:, :, 0], f[:, :, 0], f[:, :, 1], f[:, :, 1]], dim=-1).to(dtype)
@@ -191,7 +208,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     def __init__(self, config: VisionConfig):
         super().__init__()
-        heads, kv, hd, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size
+        heads, kv, hd, d = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.hidden_size,
+        )
         self.head_dim, self.gqa = hd, kv != heads
         self.q_proj = ClippableLinear(config, d, heads * hd)
         self.k_proj = ClippableLinear(config, d, kv * hd)
@@ -201,14 +223,20 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         self.v_norm = RMSNorm(hd, config.rms_norm_eps, with_scale=False)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments=None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments=None
+    ) -> torch.Tensor:
         shape = (*h.shape[:-1], -1, self.head_dim)  # (B, n, heads, hd)
         q = rope(self.q_norm(self.q_proj(h).view(shape)), cos, sin).transpose(1, 2)
         k = rope(self.k_norm(self.k_proj(h).view(shape)), cos, sin).transpose(1, 2)
         v = self.v_norm(self.v_proj(h).view(shape)).transpose(1, 2)  # (B, heads, n, hd)
         if segments is None:
             # scale 1: q and k are RMS-normed; no mask: a stack carries no padding
-            out = F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=self.gqa).transpose(1, 2).contiguous()
+            out = (
+                F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=self.gqa)
+                .transpose(1, 2)
+                .contiguous()
+            )
         else:
             out = packed_attention(q[0], k[0], v[0], *segments, self.gqa).unsqueeze(0)
         return self.o_proj(out.reshape(*h.shape[:-1], -1))
@@ -239,8 +267,12 @@ class EncoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments=None) -> torch.Tensor:
-        h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, segments))
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments=None
+    ) -> torch.Tensor:
+        h = h + self.post_attention_layernorm(
+            self.self_attn(self.input_layernorm(h), cos, sin, segments)
+        )
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 

@@ -38,7 +38,9 @@ def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dic
     if not ledger.path.exists():
         raise UsageError(not_an_output(out))
     gone = {ledger.get(p).offset: p for p in ledger if not exists(p)} if prune else {}
-    moved, replaced = _rewrite_shards(out, ledger, gone) if gone else ({}, [])  # before the manifest: see above
+    moved, replaced = (
+        _rewrite_shards(out, ledger, gone) if gone else ({}, [])
+    )  # before the manifest: see above
     live = ledger.live_offsets()
 
     def write(tmp: Path) -> None:
@@ -63,11 +65,19 @@ def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dic
     for p in out.iterdir():  # the shards pruned files left, and those only superseded rows named
         if SHARD_RE.match(p.name) and p.name not in named:
             p.unlink(missing_ok=True)
-    return {"out": str(out), "rows_before": before, "rows_after": len(ledger), "pruned": len(gone),
-            "pruned_tokens": tokens, "shards_rewritten": len(replaced)}
+    return {
+        "out": str(out),
+        "rows_before": before,
+        "rows_after": len(ledger),
+        "pruned": len(gone),
+        "pruned_tokens": tokens,
+        "shards_rewritten": len(replaced),
+    }
 
 
-def _rewrite_shards(out: Path, ledger: Ledger, gone: dict[int, str]) -> tuple[dict[int, dict], list[str]]:
+def _rewrite_shards(
+    out: Path, ledger: Ledger, gone: dict[int, str]
+) -> tuple[dict[int, dict], list[str]]:
     """Copy every shard that holds a pruned file without it; (offset → new shard/index, old shard names)."""
     from .shards import LOCAL_NAME, next_shard_number, rewrite_shard
 

@@ -36,19 +36,33 @@ FORMATS = ("clip", "parquet", "webdataset")
 DTYPES = ("float16", "float32")  # what Arrow, Parquet and numpy hold (no bfloat16); np.dtype(name)
 INFO = "export.json"
 # what an export writes, and only that (--overwrite removes these)
-OURS = re.compile(r"^(img_emb/img_emb_\d+\.npy|metadata/metadata_\d+\.parquet|data/train-\d+\.parquet|\d{6}\.tar|"
-                  + re.escape(INFO) + r")$")
+OURS = re.compile(
+    r"^(img_emb/img_emb_\d+\.npy|metadata/metadata_\d+\.parquet|data/train-\d+\.parquet|\d{6}\.tar|"
+    + re.escape(INFO)
+    + r")$"
+)
 
 
-def export(out, to: str, dest, dtype: str = "float16", per_frame: bool = False, normalize: bool | None = None,
-           rows_per_file: int | None = None, file_bytes: int = 10**9, overwrite: bool = False) -> dict:
+def export(
+    out,
+    to: str,
+    dest,
+    dtype: str = "float16",
+    per_frame: bool = False,
+    normalize: bool | None = None,
+    rows_per_file: int | None = None,
+    file_bytes: int = 10**9,
+    overwrite: bool = False,
+) -> dict:
     """Write OUT's latest ok rows to DEST in format `to`; returns the summary --json prints."""
     from .npreader import NumpyEmbeddings
 
     if to not in FORMATS:
         raise UsageError(f"--to {to!r}: use one of {', '.join(FORMATS)}")
     if dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype!r}: use float16 or float32 (Arrow, Parquet and numpy have no bfloat16)")
+        raise UsageError(
+            f"--dtype {dtype!r}: use float16 or float32 (Arrow, Parquet and numpy have no bfloat16)"
+        )
     if rows_per_file is not None and rows_per_file < 1:
         raise UsageError(f"--rows-per-file {rows_per_file}: must be at least 1")
     try:
@@ -65,9 +79,16 @@ def export(out, to: str, dest, dtype: str = "float16", per_frame: bool = False, 
     start = time.perf_counter()
     shards = placed(emb)
     normalize = to == "clip" if normalize is None else normalize
-    info = {"producer": f"gemma4enc {__version__}", "source": str(emb.out.resolve()), "format": to, "dtype": dtype,
-            "normalized": normalize, "per_frame": per_frame, "hidden_size": hidden_size(emb, shards),
-            "settings": _settings(emb.out)}
+    info = {
+        "producer": f"gemma4enc {__version__}",
+        "source": str(emb.out.resolve()),
+        "format": to,
+        "dtype": dtype,
+        "normalized": normalize,
+        "per_frame": per_frame,
+        "hidden_size": hidden_size(emb, shards),
+        "settings": _settings(emb.out),
+    }
     writer = WRITERS[to](dest, info, pa, rows_per_file or (1 << 62), file_bytes)
     rows = 0
     try:
@@ -82,8 +103,10 @@ def export(out, to: str, dest, dtype: str = "float16", per_frame: bool = False, 
         atomic_write(dest / INFO, lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
     except OSError as e:
         writer.abort()
-        raise OutputError(f"cannot write the export in {dest}: {reason(e)}; run it again with --overwrite "
-                          "once the folder takes writes") from None
+        raise OutputError(
+            f"cannot write the export in {dest}: {reason(e)}; run it again with --overwrite "
+            "once the folder takes writes"
+        ) from None
     except BaseException:
         writer.abort()
         raise
@@ -103,7 +126,9 @@ def _clear(dest: Path, overwrite: bool) -> None:
         raise UsageError(f"{dest}: not a folder")
     found = sorted(p for p in dest.rglob("*") if p.is_file()) if dest.is_dir() else []
     if found and not overwrite:
-        raise UsageError(f"{dest} is not empty; give another folder, or --overwrite to replace an earlier export")
+        raise UsageError(
+            f"{dest} is not empty; give another folder, or --overwrite to replace an earlier export"
+        )
     for p in found:
         if OURS.match(p.relative_to(dest).as_posix()):
             p.unlink()
@@ -117,5 +142,3 @@ def _clear(dest: Path, overwrite: bool) -> None:
 
 
 # ── files ────────────────────────────────────────────────────────────────────────────────────────
-
-

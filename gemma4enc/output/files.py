@@ -18,8 +18,10 @@ SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
 
 # our temp files, and only ours (a user's .draft.tmp in OUT is never touched): .gemma4enc-<name>.<pid>.tmp,
 # and the names earlier versions used (.<our file>.<pid>.tmp, .write-test-<pid>.tmp)
-TEMP_RE = re.compile(r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
-                     r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$")
+TEMP_RE = re.compile(
+    r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
+    r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$"
+)
 
 
 def temp_name(name: str) -> str:

@@ -24,8 +24,18 @@ HEADER = 128  # bytes of a streamed .npy header (numpy's own size for 2-D shapes
 
 
 # column → Arrow type name and datasets' Value dtype (the same words)
-META = {"path": "string", "rel": "string", "kind": "string", "frames": "int32", "tokens": "int32", "width": "int32",
-        "height": "int32", "size": "int64", "mtime_ns": "int64", "sha256": "string"}
+META = {
+    "path": "string",
+    "rel": "string",
+    "kind": "string",
+    "frames": "int32",
+    "tokens": "int32",
+    "width": "int32",
+    "height": "int32",
+    "size": "int64",
+    "mtime_ns": "int64",
+    "sha256": "string",
+}
 
 
 PER_FRAME = {"frame": "int32", "frame_index": "int64", "timestamp": "float64"}
@@ -34,9 +44,18 @@ PER_FRAME = {"frame": "int32", "frame_index": "int64", "timestamp": "float64"}
 def row_meta(rec: Record, per_frame: bool) -> dict:
     """The row's metadata columns: rel where the walk knew the root, sha256 where --hash made one."""
     row = rec.row
-    meta = {"path": row["path"], "rel": row.get("rel"), "kind": row.get("kind"), "frames": row.get("frames"),
-            "tokens": row.get("tokens"), "width": row.get("width"), "height": row.get("height"),
-            "size": row.get("size"), "mtime_ns": row.get("mtime_ns"), "sha256": row.get("sha256")}
+    meta = {
+        "path": row["path"],
+        "rel": row.get("rel"),
+        "kind": row.get("kind"),
+        "frames": row.get("frames"),
+        "tokens": row.get("tokens"),
+        "width": row.get("width"),
+        "height": row.get("height"),
+        "size": row.get("size"),
+        "mtime_ns": row.get("mtime_ns"),
+        "sha256": row.get("sha256"),
+    }
     if per_frame:
         f, video = rec.frame, row.get("kind") == "video"
         pick = (lambda key: (row.get(key) or [None] * (f + 1))[f]) if video else (lambda key: None)
@@ -115,7 +134,9 @@ class Writer:
     def parquet(self, name: str, schema):
         import pyarrow.parquet as pq
 
-        return pq.ParquetWriter(self.temp(name), schema.with_metadata({**(schema.metadata or {}), **self.schema_meta}))
+        return pq.ParquetWriter(
+            self.temp(name), schema.with_metadata({**(schema.metadata or {}), **self.schema_meta})
+        )
 
     def meta_schema(self):
         pa = self.pa
@@ -144,7 +165,12 @@ class NpyStream:
 
     def _header(self) -> bytes:
         text = f"{{'descr': '{self.dtype.str}', 'fortran_order': False, 'shape': ({self.count}, {self.dim}), }}"
-        return b"\x93NUMPY\x01\x00" + (HEADER - 10).to_bytes(2, "little") + text.ljust(HEADER - 11).encode() + b"\n"
+        return (
+            b"\x93NUMPY\x01\x00"
+            + (HEADER - 10).to_bytes(2, "little")
+            + text.ljust(HEADER - 11).encode()
+            + b"\n"
+        )
 
     def write(self, block: np.ndarray) -> None:
         self.f.write(np.ascontiguousarray(block, self.dtype).tobytes())
@@ -198,13 +224,24 @@ class ParquetWriter(Writer):
         value = pa.float16() if self.dtype == "float16" else pa.float32()
         # datasets' Array2D as its Arrow extension type names itself: datasets reads the column back as
         # Array2D (it keeps a feature only where the field's type is the feature's), others see the lists
-        array2d = {b"ARROW:extension:name": b"datasets.features.features.Array2DExtensionType",
-                   b"ARROW:extension:metadata": json.dumps([[None, self.dim], self.dtype]).encode()}
-        schema = pa.schema([*self.meta_schema(), pa.field("soft_tokens", pa.list_(pa.list_(value)), metadata=array2d),
-                            ("pooled", pa.list_(value, self.dim))])
+        array2d = {
+            b"ARROW:extension:name": b"datasets.features.features.Array2DExtensionType",
+            b"ARROW:extension:metadata": json.dumps([[None, self.dim], self.dtype]).encode(),
+        }
+        schema = pa.schema(
+            [
+                *self.meta_schema(),
+                pa.field("soft_tokens", pa.list_(pa.list_(value)), metadata=array2d),
+                ("pooled", pa.list_(value, self.dim)),
+            ]
+        )
         features = {name: {"dtype": kind, "_type": "Value"} for name, kind in self.columns.items()}
         features["soft_tokens"] = {"shape": [None, self.dim], "dtype": self.dtype, "_type": "Array2D"}
-        features["pooled"] = {"feature": {"dtype": self.dtype, "_type": "Value"}, "length": self.dim, "_type": "List"}
+        features["pooled"] = {
+            "feature": {"dtype": self.dtype, "_type": "Value"},
+            "length": self.dim,
+            "_type": "List",
+        }
         hf = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
         self.pq = self.parquet(f"data/train-{number:05d}.parquet", schema.with_metadata(hf))
         self.tokens, self.pooled, self.metas, self.held = [], [], [], 0
@@ -225,9 +262,13 @@ class ParquetWriter(Writer):
         pa = self.pa
         flat = np.concatenate(self.tokens)
         counts = np.array([0] + [len(t) for t in self.tokens], dtype=np.int32)
-        inner = pa.ListArray.from_arrays(np.arange(0, flat.size + 1, self.dim, dtype=np.int32), pa.array(flat.ravel()))
+        inner = pa.ListArray.from_arrays(
+            np.arange(0, flat.size + 1, self.dim, dtype=np.int32), pa.array(flat.ravel())
+        )
         soft = pa.ListArray.from_arrays(np.cumsum(counts, dtype=np.int32), inner)
-        pooled = pa.FixedSizeListArray.from_arrays(pa.array(_cast(np.stack(self.pooled), self.dtype).ravel()), self.dim)
+        pooled = pa.FixedSizeListArray.from_arrays(
+            pa.array(_cast(np.stack(self.pooled), self.dtype).ravel()), self.dim
+        )
         columns = self.meta_batch(self.metas)
         arrays = [pa.array(columns[name], type=self.pq.schema.field(name).type) for name in self.columns]
         self.pq.write_table(pa.Table.from_arrays([*arrays, soft, pooled], schema=self.pq.schema))
@@ -274,9 +315,15 @@ class TarWriter(Writer):
 def _ustar(name: str, size: int, mtime: int) -> bytes:
     """A POSIX ustar header of a regular file (mode 644, owner 0) for a name of under 100 ASCII bytes."""
     header = bytearray(512)
-    header[0:len(name)] = name.encode("ascii")
-    for offset, width, value in ((100, 8, 0o644), (108, 8, 0), (116, 8, 0), (124, 12, size), (136, 12, mtime)):
-        header[offset: offset + width] = b"%0*o\0" % (width - 1, value)
+    header[0 : len(name)] = name.encode("ascii")
+    for offset, width, value in (
+        (100, 8, 0o644),
+        (108, 8, 0),
+        (116, 8, 0),
+        (124, 12, size),
+        (136, 12, mtime),
+    ):
+        header[offset : offset + width] = b"%0*o\0" % (width - 1, value)
     header[148:156] = b" " * 8  # the checksum counts its own field as spaces
     header[156:157] = b"0"  # a regular file
     header[257:265] = b"ustar\x0000"
@@ -288,7 +335,13 @@ def _npy(array: np.ndarray) -> bytes:
     """The .npy file of a C-ordered array (np.save's bytes, with less done per call)."""
     text = f"{{'descr': '{array.dtype.str}', 'fortran_order': False, 'shape': {array.shape}, }}"
     pad = -(10 + len(text) + 1) % 64
-    header = b"\x93NUMPY\x01\x00" + (len(text) + pad + 1).to_bytes(2, "little") + text.encode() + b" " * pad + b"\n"
+    header = (
+        b"\x93NUMPY\x01\x00"
+        + (len(text) + pad + 1).to_bytes(2, "little")
+        + text.encode()
+        + b" " * pad
+        + b"\n"
+    )
     return header + np.ascontiguousarray(array).tobytes()
 
 

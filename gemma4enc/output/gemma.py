@@ -35,8 +35,12 @@ class Tokens:
 
     @classmethod
     def of(cls, tokenizer) -> Tokens:
-        return cls(*(getattr(tokenizer, name, None) or default
-                     for name, default in (("boi_token", BOI), ("image_token", IMAGE), ("eoi_token", EOI))))
+        return cls(
+            *(
+                getattr(tokenizer, name, None) or default
+                for name, default in (("boi_token", BOI), ("image_token", IMAGE), ("eoi_token", EOI))
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,17 @@ class Media:
     path: str
     kind: str  # "image" | "video"
     frame_tokens: list[int]  # soft tokens per frame (an image is one frame)
-    timestamps: list[float] = field(default_factory=list)  # seconds per frame, as the processor counts them
+    timestamps: list[float] = field(
+        default_factory=list
+    )  # seconds per frame, as the processor counts them
 
     def placeholder(self, t: Tokens = Tokens()) -> str:
         """Gemma4Processor's replace_image_token / replace_video_token, from the stored counts."""
         if self.kind == "image":
             return f"{t.boi}{t.image * self.frame_tokens[0]}{t.eoi}"
-        return " ".join(f"{mmss(s)} {t.boi}{t.video * n}{t.eoi}" for s, n in zip(self.timestamps, self.frame_tokens))
+        return " ".join(
+            f"{mmss(s)} {t.boi}{t.video * n}{t.eoi}" for s, n in zip(self.timestamps, self.frame_tokens)
+        )
 
 
 def _output(tensors: list[torch.Tensor]):
@@ -79,12 +87,18 @@ class ModelInputs:
         def expand(match):
             kind = "image" if match.group() == tokens.image else "video"
             found[kind] += 1
-            return queues[kind][found[kind] - 1].placeholder(tokens) if found[kind] <= len(queues[kind]) else ""
+            return (
+                queues[kind][found[kind] - 1].placeholder(tokens)
+                if found[kind] <= len(queues[kind])
+                else ""
+            )
 
         texts = [pattern.sub(expand, t) for t in texts]
         for kind, token in (("image", tokens.image), ("video", tokens.video)):
             if found[kind] != len(queues[kind]):
-                raise ValueError(f"the text has {found[kind]} {token} but {len(queues[kind])} {kind}(s) were read")
+                raise ValueError(
+                    f"the text has {found[kind]} {token} but {len(queues[kind])} {kind}(s) were read"
+                )
         return texts
 
     def tokenize(self, processor, text: str | list[str]) -> dict:
@@ -101,7 +115,9 @@ class ModelInputs:
         tokenizer (training.py asks for `add_special_tokens` and the offsets)."""
         tokens = Tokens.of(tokenizer)
         if tokens.video not in tokenizer.get_added_vocab():
-            tokenizer.add_special_tokens({"additional_special_tokens": [tokens.video]})  # as Gemma4Processor does
+            tokenizer.add_special_tokens(
+                {"additional_special_tokens": [tokens.video]}
+            )  # as Gemma4Processor does
         batch = dict(tokenizer(texts, padding=True, return_tensors="pt", **kwargs))
         ids = batch["input_ids"]
         types = torch.zeros_like(ids)
@@ -109,8 +125,10 @@ class ModelInputs:
             mask = ids == tokenizer.convert_tokens_to_ids(token)
             want = sum(sum(m.frame_tokens) for m in self.media if m.kind == kind)
             if int(mask.sum()) != want:
-                raise ValueError(f"the tokenizer made {int(mask.sum())} {token} tokens of the prompt, "
-                                 f"the stored {kind} tokens are {want}: it does not keep {token} whole")
+                raise ValueError(
+                    f"the tokenizer made {int(mask.sum())} {token} tokens of the prompt, "
+                    f"the stored {kind} tokens are {want}: it does not keep {token} whole"
+                )
             types[mask] = value
         return batch | {"mm_token_type_ids": types, "mm_encoder_outputs": self.mm_encoder_outputs}
 
@@ -124,21 +142,32 @@ class ModelInputs:
         """
         config, ids = model.config, batch["input_ids"]
         placeholders = {"image": ids == config.image_token_id, "video": ids == config.video_token_id}
-        text_ids = ids.masked_fill(placeholders["image"] | placeholders["video"], config.text_config.pad_token_id)
+        text_ids = ids.masked_fill(
+            placeholders["image"] | placeholders["video"], config.text_config.pad_token_id
+        )
         embeds = model.get_input_embeddings()(text_ids.to(model.device))
         for kind, placeholder in placeholders.items():
-            stored = self.mm_encoder_outputs[kind].pooler_output if kind in self.mm_encoder_outputs else []
+            stored = (
+                self.mm_encoder_outputs[kind].pooler_output if kind in self.mm_encoder_outputs else []
+            )
             if int(placeholder.sum()) != sum(t.shape[0] for t in stored):
-                raise ValueError(f"{int(placeholder.sum())} {kind} placeholders in input_ids, "
-                                 f"{sum(t.shape[0] for t in stored)} stored {kind} tokens")
+                raise ValueError(
+                    f"{int(placeholder.sum())} {kind} placeholders in input_ids, "
+                    f"{sum(t.shape[0] for t in stored)} stored {kind} tokens"
+                )
             if stored:
                 feats = torch.cat(stored).to(embeds.device, embeds.dtype)
                 mask = placeholder.to(embeds.device)[..., None].expand_as(embeds)
                 embeds = embeds.masked_scatter(mask, feats)
-        out = {"inputs_embeds": embeds, "attention_mask": batch["attention_mask"],
-               "mm_token_type_ids": batch["mm_token_type_ids"]}
+        out = {
+            "inputs_embeds": embeds,
+            "attention_mask": batch["attention_mask"],
+            "mm_token_type_ids": batch["mm_token_type_ids"],
+        }
         if config.get_text_config().hidden_size_per_layer_input:
-            out["per_layer_inputs"] = model.model.language_model.get_per_layer_inputs(text_ids.to(model.device))
+            out["per_layer_inputs"] = model.model.language_model.get_per_layer_inputs(
+                text_ids.to(model.device)
+            )
         return out
 
 
@@ -168,10 +197,18 @@ def model_inputs(emb, paths, device=None, dtype=None, model=None) -> ModelInputs
         dtype = model.dtype if dtype is None else dtype
     media, outputs = [], {"image": [], "video": []}
     for path, row in zip(paths, rows):
-        frames = [torch.as_tensor(f).to(device=device, dtype=dtype) for f in emb.frames(path)]  # numpy reader too
+        frames = [
+            torch.as_tensor(f).to(device=device, dtype=dtype) for f in emb.frames(path)
+        ]  # numpy reader too
         kind = "video" if row["kind"] == "video" else "image"
-        media.append(Media(row["path"], kind, [f.shape[0] for f in frames],
-                           _timestamps(row) if kind == "video" else []))
+        media.append(
+            Media(
+                row["path"],
+                kind,
+                [f.shape[0] for f in frames],
+                _timestamps(row) if kind == "video" else [],
+            )
+        )
         outputs[kind] += frames
     return ModelInputs(media, {k: _output(v) for k, v in outputs.items() if v})
 
@@ -195,7 +232,11 @@ def _same_model(stored: str, revision: str, given: str) -> bool:
         return os.path.realpath(stored) == os.path.realpath(given)
     # a hub id and its snapshot folder in the Hugging Face cache: …/models--org--name/snapshots/<rev>
     parts = os.path.realpath(given).split(os.sep) if os.path.isdir(given) else []
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3] == "models--" + stored.replace("/", "--"):
+    if (
+        len(parts) >= 3
+        and parts[-2] == "snapshots"
+        and parts[-3] == "models--" + stored.replace("/", "--")
+    ):
         return not revision or revision == parts[-1]
     return False
 
@@ -208,8 +249,12 @@ def check_model(emb, rows: list[dict], model) -> None:
             meta = f.metadata() or {}
         stored = meta.get("model", "")
         if hidden is not None and meta.get("hidden_size") and int(meta["hidden_size"]) != hidden:
-            raise ValueError(f"{emb.out}: the tokens are {meta['hidden_size']} wide (from {stored}); "
-                             f"the model given is {hidden} wide")
+            raise ValueError(
+                f"{emb.out}: the tokens are {meta['hidden_size']} wide (from {stored}); "
+                f"the model given is {hidden} wide"
+            )
         if name and not _same_model(stored, meta.get("revision", ""), name):
-            raise ValueError(f"{emb.out}: the tokens were made with {stored!r}, not with {name!r}; "
-                             "encode with that model, or pass the model the tokens came from")
+            raise ValueError(
+                f"{emb.out}: the tokens were made with {stored!r}, not with {name!r}; "
+                "encode with that model, or pass the model the tokens came from"
+            )

@@ -36,8 +36,20 @@ class Entry(NamedTuple):
 CHUNK = 1 << 16  # rows turned into Python ints at a time when iterating
 # one column per field, one item per manifest line read (codes index `strings`: 4 bytes, so no
 # count of shard names can overflow them)
-_COLUMNS = {"size": "q", "mtime": "q", "offset": "q", "tokens": "I", "index": "i", "shard": "I", "status": "I",
-            "kind": "I", "root": "I", "dir": "I", "name_end": "Q", "hash": "q"}
+_COLUMNS = {
+    "size": "q",
+    "mtime": "q",
+    "offset": "q",
+    "tokens": "I",
+    "index": "i",
+    "shard": "I",
+    "status": "I",
+    "kind": "I",
+    "root": "I",
+    "dir": "I",
+    "name_end": "Q",
+    "hash": "q",
+}
 
 
 class Ledger:
@@ -57,12 +69,18 @@ class Ledger:
     def _reset(self, ino) -> None:
         self._col = {name: array(code) for name, code in _COLUMNS.items()}
         self._names = bytearray()  # file names (UTF-8, lone surrogates kept), one after another
-        self._sha = bytearray()  # 33 bytes a row once some row carries a sha256 (--hash): 1 + it, or 33 zeros
-        self.strings: list[str | None] = [None]  # code 0 is None: shard names, statuses, kinds, roots, folders
+        self._sha = (
+            bytearray()
+        )  # 33 bytes a row once some row carries a sha256 (--hash): 1 + it, or 33 zeros
+        self.strings: list[str | None] = [
+            None
+        ]  # code 0 is None: shard names, statuses, kinds, roots, folders
         self.codes: dict[str | None, int] = {None: 0}
         self._live = None  # (sorted hashes, their rows) of the latest rows: built when first asked
         self._counts = None  # shard code → latest rows that name it
-        self._roots: list[int] = []  # codes of the roots latest rows record (a few): where a moved file's row may be
+        self._roots: list[
+            int
+        ] = []  # codes of the roots latest rows record (a few): where a moved file's row may be
         self.end = 0  # bytes read: up to the end of the last complete line
         self.lines = 0
         self.unreadable = 0
@@ -83,7 +101,10 @@ class Ledger:
         """Read on from where the last read stopped; start over if the file was replaced or shrank."""
         try:
             st = os.stat(self.path)
-        except (FileNotFoundError, NotADirectoryError):  # no manifest yet (encode says why OUT is unusable)
+        except (
+            FileNotFoundError,
+            NotADirectoryError,
+        ):  # no manifest yet (encode says why OUT is unusable)
             self._reset(None)
             return self
         if self._file is not None:
@@ -177,7 +198,7 @@ class Ledger:
                     path = self._path(int(order[pos]))
                     latest[path] = pos  # later rows replace earlier
                     earliest.setdefault(path, int(order[pos]))
-                keep[lo: hi + 1] = False
+                keep[lo : hi + 1] = False
                 for path, pos in latest.items():
                     keep[pos], first[pos] = True, earliest[path]
             live = order[keep]
@@ -187,7 +208,11 @@ class Ledger:
             del order, ordered, keep, first
             shard = np.array(self._col["shard"], dtype=np.int64)[live]
             self._counts = np.bincount(shard, minlength=len(self.strings))
-            self._roots = np.unique(np.array(self._col["root"], dtype=np.int64)[live]).tolist() if len(live) else []
+            self._roots = (
+                np.unique(np.array(self._col["root"], dtype=np.int64)[live]).tolist()
+                if len(live)
+                else []
+            )
         return self._live
 
     def _find(self, path: str) -> int:
@@ -202,7 +227,7 @@ class Ledger:
         ends, dirs = self._col["name_end"], self._col["dir"]
         while i < n and hashes[i] == h:  # several only if two paths share a hash
             r = int(rows[i])
-            if dirs[r] == folder and self._names[ends[r - 1] if r else 0: ends[r]] == name:
+            if dirs[r] == folder and self._names[ends[r - 1] if r else 0 : ends[r]] == name:
                 return r
             i += 1
         return -1
@@ -213,7 +238,7 @@ class Ledger:
         self._index()
         rows = self._listed
         for lo in range(0, len(rows), CHUNK):
-            yield from rows[lo: lo + CHUNK].tolist()
+            yield from rows[lo : lo + CHUNK].tolist()
 
     @property
     def superseded(self) -> int:
@@ -231,8 +256,17 @@ class Ledger:
 
     def _entry(self, r: int) -> Entry:
         c, s = self._col, self.strings
-        return Entry(c["size"][r], c["mtime"][r], c["offset"][r], c["tokens"][r], c["index"][r], s[c["shard"][r]],
-                     s[c["status"][r]], s[c["kind"][r]], s[c["root"][r]])
+        return Entry(
+            c["size"][r],
+            c["mtime"][r],
+            c["offset"][r],
+            c["tokens"][r],
+            c["index"][r],
+            s[c["shard"][r]],
+            s[c["status"][r]],
+            s[c["kind"][r]],
+            s[c["root"][r]],
+        )
 
     def get(self, path: str) -> Entry | None:
         r = self._find(path)
@@ -247,7 +281,7 @@ class Ledger:
         r = self._find(path)
         if r < 0 or not self._sha or not self._sha[33 * r]:
             return None
-        return self._sha[33 * r + 1: 33 * r + 33].hex()
+        return self._sha[33 * r + 1 : 33 * r + 33].hex()
 
     def known_kind(self, path: str, size: int, mtime_ns: int) -> str | None:
         """The kind the latest row records, if that row is for this very size and mtime."""
@@ -292,7 +326,12 @@ class Ledger:
         for code in (c for c in self._roots if c):
             path = os.path.join(self.strings[code], rel)
             entry = self.get(path)
-            if entry is not None and entry.status == Status.OK and entry.size == size and entry.root == self.strings[code]:
+            if (
+                entry is not None
+                and entry.status == Status.OK
+                and entry.size == size
+                and entry.root == self.strings[code]
+            ):
                 yield path, entry
 
     def shards(self) -> set[str]:
@@ -320,7 +359,11 @@ class Ledger:
         rows, c = self._listed, self._col
         shard = np.array(c["shard"], dtype=np.uint32)[rows]
         code = self.codes.get(Status.OK)  # None: no row is ok
-        ok = np.array(c["status"], dtype=np.uint32)[rows] == code if code else np.zeros(len(rows), dtype=bool)
+        ok = (
+            np.array(c["status"], dtype=np.uint32)[rows] == code
+            if code
+            else np.zeros(len(rows), dtype=bool)
+        )
         placed = (shard != 0) & (np.array(c["index"], dtype=np.int32)[rows] >= 0)
         unplaced = [self._path(int(r)) for r in rows[ok & ~placed].tolist()]
         keep = ok & placed
@@ -328,9 +371,15 @@ class Ledger:
         del keep, ok, placed
         order = np.lexsort((offsets, shard))  # by shard, then offset
         shard, offsets = shard[order], offsets[order]
-        starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]]) if len(shard) else np.zeros(0, dtype=np.int64)
+        starts = (
+            np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
+            if len(shard)
+            else np.zeros(0, dtype=np.int64)
+        )
         ends = np.r_[starts[1:], len(shard)]
-        return {self.strings[int(shard[a])]: offsets[a:b] for a, b in zip(starts.tolist(), ends.tolist())}, unplaced
+        return {
+            self.strings[int(shard[a])]: offsets[a:b] for a, b in zip(starts.tolist(), ends.tolist())
+        }, unplaced
 
     def live_offsets(self):
         """Offsets of the latest lines, rising (a numpy array: 8 bytes a file)."""
@@ -341,7 +390,9 @@ class Ledger:
 
 def _path_in(col: dict, names: bytearray, strings: list, r: int) -> str:
     ends = col["name_end"]
-    return strings[col["dir"][r]] + names[ends[r - 1] if r else 0: ends[r]].decode("utf-8", "surrogatepass")
+    return strings[col["dir"][r]] + names[ends[r - 1] if r else 0 : ends[r]].decode(
+        "utf-8", "surrogatepass"
+    )
 
 
 def _runs(positions: list[int]) -> Iterator[tuple[int, int]]:

@@ -39,8 +39,10 @@ class Lock:
             except BlockingIOError:
                 holder = _read_json(fd)
                 os.close(fd)
-                raise UsageError(f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)}); "
-                                 "wait for it to finish or stop it") from None
+                raise UsageError(
+                    f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)}); "
+                    "wait for it to finish or stop it"
+                ) from None
             except OSError as e:
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     os.close(fd)
@@ -48,12 +50,18 @@ class Lock:
                 holder = _read_json(fd)  # no flock here: trust a live pid on this host
                 if holder and holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
                     os.close(fd)
-                    raise UsageError(f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)})")
+                    raise UsageError(
+                        f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)})"
+                    )
             if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                 break
             os.close(fd)  # the holder unlinked it as we opened it: lock the new file instead
         self.previous = _read_json(fd) or None
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         self.fd = fd
@@ -80,7 +88,9 @@ def _read_json(fd: int) -> dict:
 
 
 def describe(holder: dict) -> str:
-    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
+    return (
+        f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
+    )
 
 
 def running(out: Path) -> str | None:

@@ -46,7 +46,9 @@ class Shard:
         dtype, shape = np.dtype(DTYPES[info["dtype"]]), info["shape"]
         per_row = prod(shape[1:])
         offset = self.base + info["data_offsets"][0] + lo * per_row * dtype.itemsize
-        data = np.fromfile(self.path, dtype, (hi - lo) * per_row, offset=offset).reshape(hi - lo, *shape[1:])
+        data = np.fromfile(self.path, dtype, (hi - lo) * per_row, offset=offset).reshape(
+            hi - lo, *shape[1:]
+        )
         if info["dtype"] == "BF16":
             return bf16_to_float32(data)
         return data.astype(np.float32) if info["dtype"] == "F16" else data
@@ -134,8 +136,10 @@ class NumpyEmbeddings(Rows):
     def _tokens_shard(self, path) -> tuple[dict, Shard]:
         row, shard = self._shard(path)
         if "tokens" not in shard:
-            raise KeyError(f"{path}: {self.out} was encoded with --store pooled: it keeps the pooled vectors, "
-                           "not the tokens")
+            raise KeyError(
+                f"{path}: {self.out} was encoded with --store pooled: it keeps the pooled vectors, "
+                "not the tokens"
+            )
         return row, shard
 
     def __getitem__(self, path) -> np.ndarray:
@@ -162,7 +166,11 @@ class NumpyEmbeddings(Rows):
         for path, row in self.ok_rows():
             frames = per_frame and row["kind"] == "video"
             by_shard.setdefault(row["shard"], []).append((row["index"], len(keys), frames))
-            keys += [(path, k) for k in range(row["frames"])] if frames else [(path, 0) if per_frame else path]
+            keys += (
+                [(path, k) for k in range(row["frames"])]
+                if frames
+                else [(path, 0) if per_frame else path]
+            )
         matrix = None
         for name, members in by_shard.items():
             shard = Shard(self.out / name)
@@ -171,13 +179,15 @@ class NumpyEmbeddings(Rows):
             pooled = "pooled" in shard
             stored = sorted((i, pos) for i, pos, frames in members if pooled and not frames)
             for at in range(0, len(stored), window):  # windows of rows, read in one piece each
-                run = stored[at: at + window]
+                run = stored[at : at + window]
                 block = shard.rows("pooled", run[0][0], run[-1][0] + 1)
                 for i, pos in run:
                     matrix[pos] = block[i - run[0][0]]
             for i, pos, frames in members:
                 if frames or not pooled:  # per frame, or a folder written with --no-pooled
-                    matrix[pos: pos + (self._frame_count(shard, i) if frames else 1)] = self._means(shard, i, frames)
+                    matrix[pos : pos + (self._frame_count(shard, i) if frames else 1)] = self._means(
+                        shard, i, frames
+                    )
         return keys, matrix if matrix is not None else np.empty((0, 0), np.float32)
 
     @staticmethod

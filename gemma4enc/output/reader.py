@@ -27,7 +27,7 @@ class Embeddings(Rows):
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
             if "tokens" not in f.keys():
                 raise KeyError(no_tokens(path, self.out))
-            lo, hi = f.get_slice("item_offsets")[row["index"]: row["index"] + 2].tolist()
+            lo, hi = f.get_slice("item_offsets")[row["index"] : row["index"] + 2].tolist()
             return f.get_slice("tokens")[lo:hi]
 
     def frames(self, path) -> list[torch.Tensor]:
@@ -35,16 +35,18 @@ class Embeddings(Rows):
         row = self.row(path)
         tokens = self[path]
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
-            a, b = f.get_slice("item_frames")[row["index"]: row["index"] + 2].tolist()
-            offsets = f.get_slice("frame_offsets")[a: b + 1]
+            a, b = f.get_slice("item_frames")[row["index"] : row["index"] + 2].tolist()
+            offsets = f.get_slice("frame_offsets")[a : b + 1]
         return list(torch.split(tokens, (offsets[1:] - offsets[:-1]).tolist()))
 
     def pooled(self, path) -> torch.Tensor:
         row = self.ok_row(path)
         with safe_open(str(self.out / row["shard"]), framework="pt") as f:
             if "pooled" not in f.keys():
-                raise KeyError(f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)")
-            return f.get_slice("pooled")[row["index"]: row["index"] + 1][0]
+                raise KeyError(
+                    f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)"
+                )
+            return f.get_slice("pooled")[row["index"] : row["index"] + 1][0]
 
     def mm_encoder_outputs(self, paths, device=None, dtype=None, model=None):
         """What Gemma 4's `generate` takes in place of pixels, and what its prompt needs (gemma.py)."""
@@ -60,5 +62,7 @@ class Embeddings(Rows):
 
 
 def no_tokens(path, out) -> str:
-    return (f"{path}: {out} was encoded with --store pooled: it keeps the pooled vectors (pooled, "
-            "pooled_matrix), not the tokens")
+    return (
+        f"{path}: {out} was encoded with --store pooled: it keeps the pooled vectors (pooled, "
+        "pooled_matrix), not the tokens"
+    )

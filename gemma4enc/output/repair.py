@@ -16,7 +16,9 @@ LOST = Status.SHARD_LOST  # a row whose shard went missing or unreadable: always
 def repair(out: Path, ledger: Ledger | None = None) -> list[str]:
     """Undo what a kill can leave: a torn last manifest line, temp files, shards no row names."""
     notes = []
-    ledger = (ledger or Ledger(out)).refresh()  # stops before a torn last line: ledger.end is where it starts
+    ledger = (
+        ledger or Ledger(out)
+    ).refresh()  # stops before a torn last line: ledger.end is where it starts
     manifest = out / MANIFEST
     if manifest.exists() and manifest.stat().st_size > ledger.end:
         with open(manifest, "rb+") as f:  # the next append must start on a line of its own
@@ -32,7 +34,9 @@ def repair(out: Path, ledger: Ledger | None = None) -> list[str]:
     for p in orphans:
         p.unlink(missing_ok=True)
     if temps or orphans:
-        notes.append(f"removed {len(temps)} temp file(s) and {len(orphans)} shard(s) of an interrupted run")
+        notes.append(
+            f"removed {len(temps)} temp file(s) and {len(orphans)} shard(s) of an interrupted run"
+        )
     return notes
 
 
@@ -43,7 +47,9 @@ def broken_shards(out: Path, ledger: Ledger) -> set[str]:
     broken = set()
     for name in ledger.shards():  # only ok rows name a shard
         try:
-            with safe_open(str(out / name), framework="numpy"):  # not "pt": a no-op run never imports torch
+            with safe_open(
+                str(out / name), framework="numpy"
+            ):  # not "pt": a no-op run never imports torch
                 pass
         except Exception:  # noqa: BLE001 - missing, truncated, garbage: all mean its tokens are lost
             broken.add(name)
@@ -55,13 +61,22 @@ def mark_lost(out: Path, shards: set[str], ledger: Ledger) -> list[str]:
     if not shards:
         return []
     offsets = [e.offset for _, e in ledger.entries() if e.status == Status.OK and e.shard in shards]
-    rows = [Row.from_json(r).replace(status=LOST, shard=None, index=None, tokens=0, frames=0,
-                                     error=f"its shard {r['shard']} was missing or unreadable; the next run "
-                                     "encodes it again")
-            for r in ledger.rows_at(offsets)]
+    rows = [
+        Row.from_json(r).replace(
+            status=LOST,
+            shard=None,
+            index=None,
+            tokens=0,
+            frames=0,
+            error=f"its shard {r['shard']} was missing or unreadable; the next run encodes it again",
+        )
+        for r in ledger.rows_at(offsets)
+    ]
     append_rows(out, rows)
     ledger.refresh()
     if not rows:
         return []
-    return [f"{len(shards)} shard(s) missing or unreadable ({', '.join(sorted(shards)[:3])}): "
-            f"their {len(rows)} file(s) are encoded again"]
+    return [
+        f"{len(shards)} shard(s) missing or unreadable ({', '.join(sorted(shards)[:3])}): "
+        f"their {len(rows)} file(s) are encoded again"
+    ]

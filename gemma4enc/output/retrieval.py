@@ -31,14 +31,14 @@ def _windows(indices: list[int], window: int):
 def _token_means(f, index: int, per_frame: bool) -> torch.Tensor:
     """Float32 means of one file's tokens, each frame's or all, reading only its slice."""
     if "frame_pooled" in f.keys():  # --store pooled: the frames' means are stored (and so is the file's)
-        a, b = f.get_slice("item_frames")[index: index + 2].tolist()
+        a, b = f.get_slice("item_frames")[index : index + 2].tolist()
         return f.get_slice("frame_pooled")[a:b].float()
-    lo, hi = f.get_slice("item_offsets")[index: index + 2].tolist()
+    lo, hi = f.get_slice("item_offsets")[index : index + 2].tolist()
     tokens = f.get_slice("tokens")[lo:hi].float()
     if not per_frame:
         return tokens.mean(0, keepdim=True)
-    a, b = f.get_slice("item_frames")[index: index + 2].tolist()
-    offsets = (f.get_slice("frame_offsets")[a: b + 1] - lo).tolist()
+    a, b = f.get_slice("item_frames")[index : index + 2].tolist()
+    offsets = (f.get_slice("frame_offsets")[a : b + 1] - lo).tolist()
     return torch.stack([tokens[s:e].mean(0) for s, e in zip(offsets[:-1], offsets[1:])])
 
 
@@ -50,7 +50,7 @@ def _shard_rows(f, members: list[tuple[int, int, bool]], window: int):
     for start, stop, run in _windows([i for i, _ in stored], window):
         block = f.get_slice("pooled")[start:stop].float()
         for i in run:
-            yield where[i], block[i - start: i - start + 1]
+            yield where[i], block[i - start : i - start + 1]
     for i, pos, frames in members:
         if frames or not pooled:  # per frame, or a folder written with --no-pooled
             yield pos, _token_means(f, i, frames)
@@ -63,13 +63,20 @@ def pooled_matrix(emb, per_frame: bool = False, window: int = WINDOW):
     for path, row in emb.ok_rows():
         frames = per_frame and row["kind"] == "video"
         by_shard[row["shard"]].append((row["index"], len(keys), frames))
-        keys += [(path, k) for k in range(row["frames"])] if frames else [(path, 0) if per_frame else path]
+        keys += (
+            [(path, k) for k in range(row["frames"])] if frames else [(path, 0) if per_frame else path]
+        )
     matrix = None
     for shard, members in by_shard.items():
         with safe_open(str(emb.out / shard), framework="pt") as f:
             if matrix is None:
-                matrix = np.empty((len(keys), f.get_slice("pooled" if "pooled" in f.keys() else "tokens").get_shape()[1]),
-                                  np.float32)
+                matrix = np.empty(
+                    (
+                        len(keys),
+                        f.get_slice("pooled" if "pooled" in f.keys() else "tokens").get_shape()[1],
+                    ),
+                    np.float32,
+                )
             for pos, vectors in _shard_rows(f, members, window):
-                matrix[pos: pos + len(vectors)] = vectors.numpy()
+                matrix[pos : pos + len(vectors)] = vectors.numpy()
     return keys, matrix if matrix is not None else np.empty((0, 0), np.float32)

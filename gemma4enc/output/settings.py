@@ -27,8 +27,13 @@ def read_settings(out: Path) -> dict | None:
 
 def ours(out: Path) -> list[Path]:
     """Everything gemma4enc writes in OUT (and only that: --overwrite removes these)."""
-    return [p for p in out.iterdir() if SHARD_RE.match(p.name) or p.name in (MANIFEST, SETTINGS, *SEARCH_INDEX)
-            or TEMP_RE.match(p.name)]
+    return [
+        p
+        for p in out.iterdir()
+        if SHARD_RE.match(p.name)
+        or p.name in (MANIFEST, SETTINGS, *SEARCH_INDEX)
+        or TEMP_RE.match(p.name)
+    ]
 
 
 def settings_of(options: Options, extra: dict | None = None) -> dict:
@@ -36,8 +41,13 @@ def settings_of(options: Options, extra: dict | None = None) -> dict:
     return json.loads(json.dumps(options.fingerprint() | (extra or {})))
 
 
-def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dict | None = None,
-                ledger: Ledger | None = None) -> list[str]:
+def prepare_out(
+    out: Path,
+    options: Options,
+    overwrite: bool = False,
+    extra: dict | None = None,
+    ledger: Ledger | None = None,
+) -> list[str]:
     """Prove OUT writable, check its settings, clear a killed run's leftovers.
 
     Call with the lock held; `ledger` (OUT's manifest, read before the lock was taken) is brought
@@ -57,7 +67,9 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dic
     mine = settings_of(options, extra)
     if overwrite:
         removed = [p for p in ours(out) if p.name != SETTINGS]
-        (out / MANIFEST).unlink(missing_ok=True)  # first: without it the shards are orphans, never half-used
+        (out / MANIFEST).unlink(
+            missing_ok=True
+        )  # first: without it the shards are orphans, never half-used
         for p in removed:
             p.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
@@ -69,8 +81,10 @@ def prepare_out(out: Path, options: Options, overwrite: bool = False, extra: dic
         changed = sorted(k for k in theirs if mine.get(k) != theirs.get(k))
         if changed:
             detail = ", ".join(f"{k}: {theirs.get(k)!r} → {mine.get(k)!r}" for k in changed)
-            raise UsageError(f"{out} was made with other settings ({detail}); use another --out, "
-                             "or --overwrite to replace its contents")
+            raise UsageError(
+                f"{out} was made with other settings ({detail}); use another --out, "
+                "or --overwrite to replace its contents"
+            )
     return notes + repair(out, ledger)
 
 

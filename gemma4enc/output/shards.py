@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = "1"
 LOCAL_NAME = "shard-{:06d}.safetensors"
+
+
 def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
     """Shard header: everything a reader needs to know what the numbers are."""
     ckpt = tower.checkpoint
@@ -71,8 +73,17 @@ class ShardWriter:
     the manifest); shards are numbered on from the folder's highest, or named by `name(k)`.
     """
 
-    def __init__(self, out: Path, out_dtype: str, metadata: dict[str, str], shard_bytes: int = 1 << 30,
-                 pooled: bool = True, flush_seconds: float = 60.0, name=None, on_rows=None):
+    def __init__(
+        self,
+        out: Path,
+        out_dtype: str,
+        metadata: dict[str, str],
+        shard_bytes: int = 1 << 30,
+        pooled: bool = True,
+        flush_seconds: float = 60.0,
+        name=None,
+        on_rows=None,
+    ):
         self.out, self.dtype = Path(out), getattr(torch, out_dtype)  # a name of options.OUT_DTYPES
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
         self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds
@@ -94,13 +105,18 @@ class ShardWriter:
     def add(self, row: Row, frames: list[torch.Tensor] | None = None) -> None:
         """A finished file: ok with its per-frame tokens, or failed (row only)."""
         item = Pending(row, [f.to("cpu", self.dtype) for f in frames or []])
-        if self.pooled_only and item.frames:  # the means as a tokens shard has them; the tokens go at once
+        if (
+            self.pooled_only and item.frames
+        ):  # the means as a tokens shard has them; the tokens go at once
             item.mean = torch.cat(item.frames).float().mean(0)
             item.sizes = [f.shape[0] for f in item.frames]
             item.frames = [f.float().mean(0, keepdim=True) for f in item.frames]
         self.pending.append(item)
-        self.bytes += sum(f.shape[-1] * self.dtype.itemsize for f in item.frames) if self.pooled_only else \
-            sum(f.numel() * f.element_size() for f in item.frames)
+        self.bytes += (
+            sum(f.shape[-1] * self.dtype.itemsize for f in item.frames)
+            if self.pooled_only
+            else sum(f.numel() * f.element_size() for f in item.frames)
+        )
         # by size, or by time: a kill must not cost more than a minute or so of finished files
         if self.bytes >= self.shard_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush(wait=False)
@@ -155,7 +171,9 @@ class ShardWriter:
         try:
             if ok:
                 tensors = self._stack(ok)
-                atomic_write(self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata))
+                atomic_write(
+                    self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata)
+                )
                 for index, p in enumerate(ok):
                     p.row = p.row.replace(shard=name, index=index)
             self.on_rows([p.row for p in pending])
@@ -194,8 +212,14 @@ class ShardWriter:
 
 def next_shard_number(out: Path) -> int:
     """Local shards are numbered on from the folder's highest."""
-    return 1 + max((int(m.group(1)) for p in Path(out).iterdir()
-                    if (m := SHARD_RE.match(p.name)) and m.group(1).isdigit()), default=-1)
+    return 1 + max(
+        (
+            int(m.group(1))
+            for p in Path(out).iterdir()
+            if (m := SHARD_RE.match(p.name)) and m.group(1).isdigit()
+        ),
+        default=-1,
+    )
 
 
 def rewrite_shard(src: Path, keep: list[int], dst: Path) -> None:
@@ -205,11 +229,15 @@ def rewrite_shard(src: Path, keep: list[int], dst: Path) -> None:
         t = {k: f.get_tensor(k) for k in f.keys()}
     items, frames, item_frames = t["item_offsets"], t["frame_offsets"], t["item_frames"]
     tokens, frame_sizes, item_sizes, frame_counts = [], [0], [0], [0]
-    kept = "tokens" if "tokens" in t else "frame_pooled"  # --store pooled: a row per frame, not per token
+    kept = (
+        "tokens" if "tokens" in t else "frame_pooled"
+    )  # --store pooled: a row per frame, not per token
     for i in keep:
         a, b = item_frames[i].item(), item_frames[i + 1].item()
-        tokens.append(t["tokens"][items[i]: items[i + 1]] if kept == "tokens" else t["frame_pooled"][a:b])
-        frame_sizes += (frames[a + 1: b + 1] - frames[a:b]).tolist()
+        tokens.append(
+            t["tokens"][items[i] : items[i + 1]] if kept == "tokens" else t["frame_pooled"][a:b]
+        )
+        frame_sizes += (frames[a + 1 : b + 1] - frames[a:b]).tolist()
         item_sizes.append((items[i + 1] - items[i]).item())
         frame_counts.append(b - a)
     tensors = {

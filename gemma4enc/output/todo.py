@@ -37,8 +37,11 @@ class Unchanged:
         if r < 0:
             return None
         status = self.ledger.status_at(r)
-        if status == LOST or (self.options.retry_failed and status != Status.OK) or (
-                self.options.hash and status == Status.OK):
+        if (
+            status == LOST
+            or (self.options.retry_failed and status != Status.OK)
+            or (self.options.hash and status == Status.OK)
+        ):
             return self.ledger.kind_at(r)  # still_to_do decides (and hashes): not opened, kept
         if r >= len(self.rows):  # a row read since (a streamed discovery goes on under the lock)
             self.rows.extend(bytes(r + 1 - len(self.rows)))
@@ -57,20 +60,24 @@ class Unchanged:
 
         marked = np.frombuffer(self.rows, dtype=np.uint8).astype(bool)
         if ledger.ino == self.ino:  # rows appended: the marks whose row is no longer its path's latest
-            marked &= ~ledger.live()[:self.read]
+            marked &= ~ledger.live()[: self.read]
         back = []
         for r in np.flatnonzero(marked).tolist():  # or every mark, where the manifest was replaced
             self.rows[r] = 0
             path, root = self.path_of(r)
-            rel = path[len(root):].lstrip(os.sep) if root else None
+            rel = path[len(root) :].lstrip(os.sep) if root else None
             back.append(look(path, None, root, rel))
         if not back:
             return items
-        merged = {i.path: i for i in back} | {i.path: i for i in items}  # one Item a path, as discover keeps
+        merged = {i.path: i for i in back} | {
+            i.path: i for i in items
+        }  # one Item a path, as discover keeps
         return sorted(merged.values(), key=lambda i: i.path)
 
 
-def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger | None = None) -> list[Item]:
+def still_to_do(
+    items: list[Item], out: Path, options: Options, ledger: Ledger | None = None
+) -> list[Item]:
     """Files without a row for their current content: new, changed, or failed with --retry-failed.
 
     Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
@@ -85,8 +92,12 @@ def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger |
         row = ledger.get(item.path)
         if row is None and (adopted := _adopt(item, ledger, options)):
             refreshed.append(adopted)
-        elif row is None or row.size != item.size or row.status == LOST or (
-                options.retry_failed and row.status != Status.OK):
+        elif (
+            row is None
+            or row.size != item.size
+            or row.status == LOST
+            or (options.retry_failed and row.status != Status.OK)
+        ):
             todo.append(item)
         elif options.hash and row.status == Status.OK and not item.error:
             from ..media.workers import sha256
@@ -97,7 +108,9 @@ def still_to_do(items: list[Item], out: Path, options: Options, ledger: Ledger |
                 todo.append(item)  # let decode say why it cannot be read
                 continue
             if ledger.digest(item.path) is None and row.mtime_ns == item.mtime_ns:
-                refreshed.append(ledger.row(item.path) | {"sha256": digest})  # --hash turned on: hash what is there, keep it
+                refreshed.append(
+                    ledger.row(item.path) | {"sha256": digest}
+                )  # --hash turned on: hash what is there, keep it
             elif digest != ledger.digest(item.path):
                 todo.append(item)
             elif row.mtime_ns != item.mtime_ns:

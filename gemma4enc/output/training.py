@@ -26,8 +26,16 @@ KINDS = ("image", "video")
 # where a chat-template media part names its file, in the order transformers' processors look
 SOURCE_KEYS = ("path", "image", "video", "url")
 # shard header keys that shape the tokens (shards.shard_metadata); producer and out_dtype do not
-SETTINGS = ("model", "revision", "dtype", "image_soft_tokens", "resize", "video_soft_tokens", "sampling",
-            "hidden_size")
+SETTINGS = (
+    "model",
+    "revision",
+    "dtype",
+    "image_soft_tokens",
+    "resize",
+    "video_soft_tokens",
+    "sampling",
+    "hidden_size",
+)
 IGNORE = -100  # the label PyTorch's cross entropy skips
 
 
@@ -40,15 +48,22 @@ class TrainingDataError(ValueError):
 
 def media_parts(messages: list[dict]) -> list[dict]:
     """The image / video parts of a conversation, in the order the template writes them."""
-    return [part for m in messages if isinstance(m.get("content"), list)
-            for part in m["content"] if isinstance(part, dict) and part.get("type") in KINDS]
+    return [
+        part
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if isinstance(part, dict) and part.get("type") in KINDS
+    ]
 
 
 def _source(part: dict) -> str:
     for key in SOURCE_KEYS:
         if isinstance(part.get(key), (str, os.PathLike)):
             return os.fspath(part[key])
-    raise TrainingDataError(f"a {part['type']} part names no file (one of {', '.join(SOURCE_KEYS)}): {part}")
+    raise TrainingDataError(
+        f"a {part['type']} part names no file (one of {', '.join(SOURCE_KEYS)}): {part}"
+    )
 
 
 def read_conversations(jsonl: str | os.PathLike) -> list[dict]:
@@ -64,7 +79,9 @@ def read_conversations(jsonl: str | os.PathLike) -> list[dict]:
                 raise TrainingDataError(f"{jsonl}:{number}: not JSON ({e.msg})") from None
             example = {"messages": example} if isinstance(example, list) else example
             if not isinstance(example, dict) or not isinstance(example.get("messages"), list):
-                raise TrainingDataError(f"{jsonl}:{number}: an example is a list of messages or has \"messages\"")
+                raise TrainingDataError(
+                    f"{jsonl}:{number}: an example is a list of messages or has \"messages\""
+                )
             examples.append(example)
     return examples
 
@@ -80,7 +97,12 @@ def _resolved(example: dict, root: Path | None) -> dict:
             for part in content:
                 if isinstance(part, dict) and part.get("type") in KINDS:
                     path = Path(_source(part)).expanduser()
-                    part = {**part, "path": os.path.abspath(root / path if root and not path.is_absolute() else path)}
+                    part = {
+                        **part,
+                        "path": os.path.abspath(
+                            root / path if root and not path.is_absolute() else path
+                        ),
+                    }
                 parts.append(part)
             m = {**m, "content": parts}
         messages.append(m)
@@ -109,9 +131,15 @@ class Check:
         head = f"{self.examples} examples, {self.media} media parts"
         if self:
             return head + ": every one has tokens in the OUT"
-        parts = [f"{len(items)} {what} ({first_lines(items)})" for what, items in
-                 (("not in the OUT", self.missing), ("failed", self.failed),
-                  ("encoded with other settings", self.other)) if items]
+        parts = [
+            f"{len(items)} {what} ({first_lines(items)})"
+            for what, items in (
+                ("not in the OUT", self.missing),
+                ("failed", self.failed),
+                ("encoded with other settings", self.other),
+            )
+            if items
+        ]
         return f"{head}: " + "; ".join(parts)
 
 
@@ -164,7 +192,10 @@ def check(emb, examples: list[dict], model=None, expect: dict | None = None) -> 
     headers = _headers(emb, {r["shard"] for r in ok.values()})
     settings = {s: {k: h.get(k) for k in SETTINGS} for s, h in headers.items()}
     usual = Counter(json.dumps(settings[r["shard"]], sort_keys=True) for r in ok.values()).most_common(1)
-    want = {**(json.loads(usual[0][0]) if usual else {}), **{k: str(v) for k, v in (expect or {}).items()}}
+    want = {
+        **(json.loads(usual[0][0]) if usual else {}),
+        **{k: str(v) for k, v in (expect or {}).items()},
+    }
     for path, row in ok.items():
         header = headers[row["shard"]]
         differs = [f"{k} {header.get(k)!r}, want {want[k]!r}" for k in want if header.get(k) != want[k]]
@@ -195,7 +226,9 @@ class Conversations(torch.utils.data.Dataset):
             root = Path(conversations).parent if root is None else root
             conversations = read_conversations(conversations)
         root = Path(root) if root is not None else None
-        self.examples = [_resolved({"messages": e} if isinstance(e, list) else e, root) for e in conversations]
+        self.examples = [
+            _resolved({"messages": e} if isinstance(e, list) else e, root) for e in conversations
+        ]
         self.report = check(self.emb, self.examples, model, expect)
         if not self.report:
             raise TrainingDataError(self.report.summary())
@@ -244,10 +277,14 @@ def _assistant_spans(render, messages: list[dict]) -> tuple[str, list[tuple[int,
             continue
         upto = render(messages[: i + 1], False)
         if not full.startswith(upto):
-            raise ValueError(f"the chat template writes turn {i} differently once later turns follow it; "
-                             "split the conversation so that each example ends with the turn to train")
+            raise ValueError(
+                f"the chat template writes turn {i} differently once later turns follow it; "
+                "split the conversation so that each example ends with the turn to train"
+            )
         prompt = render(messages[:i], True)
-        start = len(os.path.commonprefix([prompt, upto]))  # a template may open the turn other than its prompt
+        start = len(
+            os.path.commonprefix([prompt, upto])
+        )  # a template may open the turn other than its prompt
         spans.append((start, len(upto)))
     return full, spans
 
@@ -256,8 +293,12 @@ def merge(inputs: list[gemma.ModelInputs]) -> gemma.ModelInputs:
     """Several examples' media as one batch's, in example order (the order their placeholders
     have in the padded batch, which is the order the model fills them)."""
     media = [m for i in inputs for m in i.media]
-    outputs = {k: [t for i in inputs if k in i.mm_encoder_outputs for t in i.mm_encoder_outputs[k].pooler_output]
-               for k in KINDS}
+    outputs = {
+        k: [
+            t for i in inputs if k in i.mm_encoder_outputs for t in i.mm_encoder_outputs[k].pooler_output
+        ]
+        for k in KINDS
+    }
     return gemma.ModelInputs(media, {k: gemma._output(v) for k, v in outputs.items() if v})
 
 
@@ -275,8 +316,15 @@ class Collator:
     its reader) reads the media of {"messages": …} rows of your own `datasets.Dataset` by their
     paths as they are, absolute or from the working folder (unchecked: `check` them first)."""
 
-    def __init__(self, processor, model=None, device=None, dtype=None, template_kwargs: dict | None = None,
-                 out=None):
+    def __init__(
+        self,
+        processor,
+        model=None,
+        device=None,
+        dtype=None,
+        template_kwargs: dict | None = None,
+        out=None,
+    ):
         from .. import open as open_out
 
         self.source = out if isinstance(out, Conversations) else None
@@ -287,7 +335,9 @@ class Collator:
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         if not getattr(self.tokenizer, "is_fast", False):
-            raise ValueError("the collator needs a fast tokenizer (its offsets tell which tokens an assistant wrote)")
+            raise ValueError(
+                "the collator needs a fast tokenizer (its offsets tell which tokens an assistant wrote)"
+            )
         self.device = device if device is not None else getattr(model, "device", None)
         self.dtype = dtype if dtype is not None else getattr(model, "dtype", None)
         self.template_kwargs = dict(template_kwargs or {})
@@ -298,8 +348,9 @@ class Collator:
         return gemma.model_inputs(self.emb, [_source(part) for part in media_parts(messages)])
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                  **self.template_kwargs)
+        return self.processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.template_kwargs
+        )
 
     def __call__(self, examples: list[dict]) -> dict:
         if self.source is not None:
@@ -323,8 +374,12 @@ class Collator:
             texts[n] += piece
         # as processor.apply_chat_template(tokenize=True): a template that writes <bos> gets no second one
         bos = self.tokenizer.bos_token
-        batch = inputs.tokenize_expanded(self.tokenizer, texts, return_offsets_mapping=True,
-                                         add_special_tokens=not (bos and texts[0].startswith(bos)))
+        batch = inputs.tokenize_expanded(
+            self.tokenizer,
+            texts,
+            return_offsets_mapping=True,
+            add_special_tokens=not (bos and texts[0].startswith(bos)),
+        )
         outputs = batch.pop("mm_encoder_outputs")
         start, end = batch.pop("offset_mapping").unbind(-1)
         keep = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
@@ -336,7 +391,8 @@ class Collator:
         batch = {k: v.to(self.device) if self.device is not None else v for k, v in batch.items()}
         batch["mm_encoder_outputs"] = {
             k: gemma._output([t.to(device=self.device, dtype=self.dtype) for t in o.pooler_output])
-            for k, o in outputs.items()}
+            for k, o in outputs.items()
+        }
         return batch
 
 

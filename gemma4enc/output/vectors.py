@@ -26,13 +26,17 @@ class Record:
 
     row: dict  # the file's manifest row
     frame: int | None  # per_frame: which sampled frame; else None
-    pooled: np.ndarray  # (D,) float32: the stored pooled vector, or the mean of the tokens (per frame: the frame's)
+    pooled: (
+        np.ndarray
+    )  # (D,) float32: the stored pooled vector, or the mean of the tokens (per frame: the frame's)
     tokens: np.ndarray | None  # (n, D) float32, when asked for
 
 
 def placed(emb: Rows) -> dict[str, np.ndarray]:
     """shard → manifest offsets of the latest ok rows stored in it (8 bytes a file)."""
-    by_shard, _ = emb.ledger.ok_by_shard()  # an ok row naming no shard: verify reports it; nothing to read
+    by_shard, _ = (
+        emb.ledger.ok_by_shard()
+    )  # an ok row naming no shard: verify reports it; nothing to read
     return by_shard
 
 
@@ -40,7 +44,9 @@ def hidden_size(emb: Rows, shards) -> int:
     """The stored width, from the first shard's header (0 for a folder with no tokens)."""
     for name in sorted(shards):
         header = _open(emb, name).header
-        return header["tokens" if "tokens" in header else "pooled"]["shape"][1]  # --store pooled: no tokens
+        return header["tokens" if "tokens" in header else "pooled"]["shape"][
+            1
+        ]  # --store pooled: no tokens
     return 0
 
 
@@ -56,23 +62,29 @@ def _open(emb: Rows, name: str) -> Shard:
     try:
         return Shard(emb.out / name)
     except (OSError, ValueError) as e:
-        raise UsageError(f"{emb.out / name}: {getattr(e, 'strerror', None) or e}; "
-                         f"gemma4enc verify {emb.out} --repair encodes its files again") from None
+        raise UsageError(
+            f"{emb.out / name}: {getattr(e, 'strerror', None) or e}; "
+            f"gemma4enc verify {emb.out} --repair encodes its files again"
+        ) from None
 
 
 def _shard_records(shard: Shard, rows: list[dict], per_frame: bool, tokens: bool) -> Iterator[Record]:
     n = shard.header["item_offsets"]["shape"][0] - 1
     if rows and not 0 <= rows[0]["index"] <= rows[-1]["index"] < n:
-        raise UsageError(f"{shard.path}: holds {n} files, the manifest names row {rows[-1]['index']}; "
-                         f"gemma4enc verify {shard.path.parent} --repair encodes them again")
+        raise UsageError(
+            f"{shard.path}: holds {n} files, the manifest names row {rows[-1]['index']}; "
+            f"gemma4enc verify {shard.path.parent} --repair encodes them again"
+        )
     items = shard.rows("item_offsets", 0, n + 1)
     item_frames = shard.rows("item_frames", 0, n + 1)
     frame_offsets = shard.rows("frame_offsets", 0, shard.header["frame_offsets"]["shape"][0])
     stored = "pooled" in shard
     if "tokens" not in shard:  # --store pooled
         if tokens:
-            raise UsageError(f"{shard.path.parent} was encoded with --store pooled: it keeps no tokens to export "
-                             "(--to clip exports its pooled vectors)")
+            raise UsageError(
+                f"{shard.path.parent} was encoded with --store pooled: it keeps no tokens to export "
+                "(--to clip exports its pooled vectors)"
+            )
         yield from _pooled_records(shard, rows, per_frame, item_frames)
         return
     block, start = None, 0
@@ -82,9 +94,13 @@ def _shard_records(shard: Shard, rows: list[dict], per_frame: bool, tokens: bool
         if stored and not frames and (block is None or i >= start + len(block)):
             start = i
             block = shard.rows("pooled", i, min(i + WINDOW, n))
-        t = shard.rows("tokens", int(items[i]), int(items[i + 1])) if tokens or frames or not stored else None
+        t = (
+            shard.rows("tokens", int(items[i]), int(items[i + 1]))
+            if tokens or frames or not stored
+            else None
+        )
         if frames:
-            offsets = frame_offsets[item_frames[i]: item_frames[i + 1] + 1] - items[i]
+            offsets = frame_offsets[item_frames[i] : item_frames[i + 1] + 1] - items[i]
             for f, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
                 yield Record(row, f, t[lo:hi].mean(0, dtype=np.float32), t[lo:hi] if tokens else None)
         else:
@@ -92,7 +108,9 @@ def _shard_records(shard: Shard, rows: list[dict], per_frame: bool, tokens: bool
             yield Record(row, 0 if per_frame else None, pooled, t if tokens else None)
 
 
-def _pooled_records(shard: Shard, rows: list[dict], per_frame: bool, item_frames: np.ndarray) -> Iterator[Record]:
+def _pooled_records(
+    shard: Shard, rows: list[dict], per_frame: bool, item_frames: np.ndarray
+) -> Iterator[Record]:
     """A --store pooled shard's rows: the stored file means, or per frame the stored frame means."""
     n = len(item_frames) - 1
     block, start = None, 0

@@ -25,5 +25,6 @@ class Run:
     log: Callable[[str], None]  # one message line for the user
     done: int  # files already done in OUT before this run, for the first log line
     ready: Callable[[], None] = lambda: None  # call once the model is known good: records OUT's settings
-    pool: DecodePool | None = None  # decode workers the caller started early (local engine), else the engine's own
-
+    pool: DecodePool | None = (
+        None  # decode workers the caller started early (local engine), else the engine's own
+    )

@@ -20,8 +20,21 @@ from ..rows import Status
 from .context import Run
 
 
-def encode(roots, out: Path, flags: dict | None = None, given=(), *, files_from=None, null: bool = False,
-           include=(), exclude=(), hidden: bool = False, overwrite: bool = False, bar=None, log=None) -> dict:
+def encode(
+    roots,
+    out: Path,
+    flags: dict | None = None,
+    given=(),
+    *,
+    files_from=None,
+    null: bool = False,
+    include=(),
+    exclude=(),
+    hidden: bool = False,
+    overwrite: bool = False,
+    bar=None,
+    log=None,
+) -> dict:
     """`gemma4enc encode`, for the command and for library callers (verify --repair, search) alike.
 
     `flags`: settings by Options field name (frames/fps/max_frames for the sampling; the rest take
@@ -41,11 +54,29 @@ def encode(roots, out: Path, flags: dict | None = None, given=(), *, files_from=
     ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
     unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
     counts = {}  # skipped as not media, counted as discovery goes on
-    chunks = discover_chunks(list(roots or []), files_from, list(include or []), list(exclude or []), hidden, null,
-                             str(out), known=unchanged.known, counts=counts)
+    chunks = discover_chunks(
+        list(roots or []),
+        files_from,
+        list(include or []),
+        list(exclude or []),
+        hidden,
+        null,
+        str(out),
+        known=unchanged.known,
+        counts=counts,
+    )
     items = next(chunks)  # the rest is found as the engine reaches it, under OUT's lock
-    report = encode_files(items, out, options, bar=bar or _Quiet, log=log, overwrite=overwrite, ledger=ledger,
-                          unchanged=unchanged, more=None if counts.get("last") else chunks)
+    report = encode_files(
+        items,
+        out,
+        options,
+        bar=bar or _Quiet,
+        log=log,
+        overwrite=overwrite,
+        ledger=ledger,
+        unchanged=unchanged,
+        more=None if counts.get("last") else chunks,
+    )
     return report | {"skipped_not_media": counts["skipped"]}
 
 
@@ -62,8 +93,17 @@ class _Quiet:
         pass
 
 
-def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, overwrite: bool = False,
-                 ledger: Ledger | None = None, unchanged: Unchanged | None = None, more=None) -> dict:
+def encode_files(
+    items: list[Item],
+    out: Path,
+    options: Options,
+    bar,
+    log=None,
+    overwrite: bool = False,
+    ledger: Ledger | None = None,
+    unchanged: Unchanged | None = None,
+    more=None,
+) -> dict:
     """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints.
 
     `ledger`: OUT's manifest as discovery read it (read on here, not again from the start).
@@ -81,7 +121,9 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     deferred = rerun and can_wait(options)
     pool = early_pool(items, options, rerun)
     try:
-        options, extra = (named(options), {"revision": None}) if deferred else preflight(options)  # OUT untouched
+        options, extra = (
+            (named(options), {"revision": None}) if deferred else preflight(options)
+        )  # OUT untouched
     except BaseException:
         if pool is not None:
             pool.close()
@@ -105,35 +147,51 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
             if more is not None:
                 from .stream import Stream
 
-                stream = Stream(items, todo, more, lambda chunk: still_to_do(chunk, out, options, ledger))
+                stream = Stream(
+                    items, todo, more, lambda chunk: still_to_do(chunk, out, options, ledger)
+                )
                 todo = stream.primed()
                 if todo and options.engine == "ray":
                     todo = list(todo)  # the driver cuts the whole list into tasks
                 items = ()
-            appended_from = ledger.path.stat().st_size if stream is not None and ledger.path.exists() else 0
+            appended_from = (
+                ledger.path.stat().st_size if stream is not None and ledger.path.exists() else 0
+            )
             # the files discovery found, done ones counted only
             found = (stream.found if stream else len(items)) + len(unchanged or ())
             if todo and deferred:
-                options, extra = preflight(options)  # now the model will load: find it, check the devices
+                options, extra = preflight(
+                    options
+                )  # now the model will load: find it, check the devices
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
             if stream is not None:
                 bar = (lambda make: lambda n: stream.watch(make(n)))(bar)
             run = Run(out, options, bar, log, done=found - len(todo), ready=ready, pool=pool)
             try:
-                summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not deferred)
+                summary = (
+                    _engine(options.engine)(todo, run)
+                    if todo
+                    else _nothing_to_do(run, checked=not deferred)
+                )
             except TooManyFailures as e:
                 raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
             if stream is not None:  # no list of the files to look them up by: the rows this run appended
                 from .stream import failures_since
 
-                found, done = stream.found + len(unchanged or ()), stream.found + len(unchanged or ()) - stream.todo
+                found, done = (
+                    stream.found + len(unchanged or ()),
+                    stream.found + len(unchanged or ()) - stream.todo,
+                )
                 names, count = failures_since(out, appended_from) if todo else ([], 0)
                 failures = names + [""] * (count - len(names))
             ledger.refresh()  # only the rows this run appended
             if stream is None:
                 done = found - len(todo)
-                failures = [f"{Path(i.path).name}: {r.status}" for i in todo
-                            if (r := ledger.get(i.path)) and r.status != Status.OK]
+                failures = [
+                    f"{Path(i.path).name}: {r.status}"
+                    for i in todo
+                    if (r := ledger.get(i.path)) and r.status != Status.OK
+                ]
             note = maybe_compact(out, ledger)
             if note:
                 log(note)
@@ -147,12 +205,20 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
     if failures:
         log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
     return {
-        "out": str(out), "files": found, "done_before": done, "encoded": summary.ok,
-        "failed": summary.failed, "by_status": summary.by_status, "frames": summary.frames,
-        "tokens": summary.tokens, "patches": summary.patches, "seconds": round(summary.seconds, 3),
+        "out": str(out),
+        "files": found,
+        "done_before": done,
+        "encoded": summary.ok,
+        "failed": summary.failed,
+        "by_status": summary.by_status,
+        "frames": summary.frames,
+        "tokens": summary.tokens,
+        "patches": summary.patches,
+        "seconds": round(summary.seconds, 3),
         "items_per_s": round(summary.files / summary.seconds, 3) if summary.seconds else None,
         "patches_per_s": round(summary.patches / summary.seconds, 1) if summary.seconds else None,
-        "engine": options.engine, **summary.where,
+        "engine": options.engine,
+        **summary.where,
     }
 
 
@@ -203,13 +269,21 @@ def _nothing_to_do(run: Run, checked: bool):
     options = run.options
     if checked:
         run.ready()
-    summary = SimpleNamespace(files=0, ok=0, failed=0, by_status={}, frames=0, tokens=0, patches=0, seconds=0.0)
+    summary = SimpleNamespace(
+        files=0, ok=0, failed=0, by_status={}, frames=0, tokens=0, patches=0, seconds=0.0
+    )
     if options.engine == "ray":
         run.log(f"{run.done} files, all done already; Ray not started")
         summary.where = {"ray_address": options.ray_address or "local"}
     else:
         run.log(f"{run.done} files, all done already; model not loaded")
         names = ", ".join(options.devices.split(",")) if options.devices else options.device
-        summary.where = {"device": names, "dtype": options.dtype, "batching": options.batching, "max_batch_patches": 0,
-                         "tower_waited_share": None, "decode_files_per_s_per_worker": None}  # as pipeline.NOTHING_TIMED
+        summary.where = {
+            "device": names,
+            "dtype": options.dtype,
+            "batching": options.batching,
+            "max_batch_patches": 0,
+            "tower_waited_share": None,
+            "decode_files_per_s_per_worker": None,
+        }  # as pipeline.NOTHING_TIMED
     return summary

@@ -42,10 +42,18 @@ def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
     run.ready()
     max_patches = min(budget_patches(t, options, mode) for t in towers) if todo else 0
     names = ", ".join(str(t.device) for t in towers)
-    run.log(f"{run.done + len(todo)} files, {run.done} already done; {names}, {dtype}, "
-            f"batching {mode}, ≤{max_patches} patches per call; model loaded in {time.perf_counter() - start:.1f} s")
-    writer = ShardWriter(run.out, options.out_dtype, shard_metadata(options, tower), options.shard_bytes,
-                         options.pooled, options.flush_seconds)
+    run.log(
+        f"{run.done + len(todo)} files, {run.done} already done; {names}, {dtype}, "
+        f"batching {mode}, ≤{max_patches} patches per call; model loaded in {time.perf_counter() - start:.1f} s"
+    )
+    writer = ShardWriter(
+        run.out,
+        options.out_dtype,
+        shard_metadata(options, tower),
+        options.shard_bytes,
+        options.pooled,
+        options.flush_seconds,
+    )
     progress = run.bar(len(todo))
     try:
         summary = pipeline(todo, towers, options, writer, mode, max_patches, progress, pool=pool)
@@ -57,7 +65,13 @@ def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
     facts, verdict = where_time_went(summary, pool.workers)
     if verdict:
         run.log(verdict)
-    summary.where = {"device": names, "dtype": dtype, "batching": mode, "max_batch_patches": max_patches, **facts}
+    summary.where = {
+        "device": names,
+        "dtype": dtype,
+        "batching": mode,
+        "max_batch_patches": max_patches,
+        **facts,
+    }
     if len(towers) > 1:
         summary.where["device_patches"] = summary.device_patches
     return summary

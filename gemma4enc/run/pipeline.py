@@ -35,10 +35,14 @@ class Summary:
     patches: int = 0
     tokens: int = 0
     seconds: float = 0.0
-    decode_wait: float = 0.0  # seconds the towers' feeder waited for decoded files (decode-bound when large)
+    decode_wait: float = (
+        0.0  # seconds the towers' feeder waited for decoded files (decode-bound when large)
+    )
     by_status: dict[str, int] = field(default_factory=dict)
     device_patches: list[int] = field(default_factory=list)  # patches each tower encoded
-    where: dict = field(default_factory=dict)  # what the engine ran on (device, dtype, actors …), for the report
+    where: dict = field(
+        default_factory=dict
+    )  # what the engine ran on (device, dtype, actors …), for the report
 
     def record(self, rows: list[Row], patches: int) -> None:
         """Count finished files by their manifest rows, and the patches they took."""
@@ -69,10 +73,23 @@ class Progress:
 
 def ok_row(d: Decoded, frames: list[torch.Tensor]) -> Row:
     item = d.item
-    return Row(item.path, item.kind, item.size, item.mtime_ns, Status.OK, tokens=sum(f.shape[0] for f in frames),
-               frames=len(frames), root=item.root if item.rel else None, rel=item.rel,
-               frame_tokens=[f.shape[0] for f in frames], width=d.width, height=d.height, video=d.video,
-               sha256=d.sha256, extra={"sidecar": d.sidecar} if d.sidecar else {})
+    return Row(
+        item.path,
+        item.kind,
+        item.size,
+        item.mtime_ns,
+        Status.OK,
+        tokens=sum(f.shape[0] for f in frames),
+        frames=len(frames),
+        root=item.root if item.rel else None,
+        rel=item.rel,
+        frame_tokens=[f.shape[0] for f in frames],
+        width=d.width,
+        height=d.height,
+        video=d.video,
+        sha256=d.sha256,
+        extra={"sidecar": d.sidecar} if d.sidecar else {},
+    )
 
 
 def failed_row(item: Item, status: str, message: str) -> Row:
@@ -114,8 +131,17 @@ class Encoder:
             out[(u.file, u.frame)] = t
 
 
-def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, mode: str, max_patches: int,
-        progress: Progress | None = None, window_patches: int | None = None, pool: DecodePool | None = None) -> Summary:
+def run(
+    items: list[Item],
+    towers: list,
+    options: Options,
+    writer: ShardWriter,
+    mode: str,
+    max_patches: int,
+    progress: Progress | None = None,
+    window_patches: int | None = None,
+    pool: DecodePool | None = None,
+) -> Summary:
     """Encode every item; rows and shards go to `writer`. Returns counts for the summary.
 
     With several towers (--devices) each window goes to the first free one, so devices share
@@ -129,7 +155,11 @@ def run(items: list[Item], towers: list, options: Options, writer: ShardWriter, 
         free.put(e)
     window_patches = window_patches or default_window(mode, max_patches)
     summary, start = Summary(), time.perf_counter()
-    threads = ThreadPoolExecutor(len(towers), thread_name_prefix="gemma4enc-tower") if len(towers) > 1 else None
+    threads = (
+        ThreadPoolExecutor(len(towers), thread_name_prefix="gemma4enc-tower")
+        if len(towers) > 1
+        else None
+    )
     inflight: deque[tuple[list[Decoded], Future]] = deque()  # windows being encoded, in input order
 
     def submit(window: list[Decoded]) -> None:
@@ -188,7 +218,10 @@ def _timed(decoded, summary: Summary):
         yield d
 
 
-NOTHING_TIMED = {"tower_waited_share": None, "decode_files_per_s_per_worker": None}  # a run that decoded nothing
+NOTHING_TIMED = {
+    "tower_waited_share": None,
+    "decode_files_per_s_per_worker": None,
+}  # a run that decoded nothing
 
 
 def where_time_went(summary: Summary, workers: int) -> tuple[dict, str | None]:
@@ -198,14 +231,18 @@ def where_time_went(summary: Summary, workers: int) -> tuple[dict, str | None]:
         return dict(NOTHING_TIMED), None
     waited = min(1.0, summary.decode_wait / summary.seconds)
     workers = max(1, workers)
-    facts = {"tower_waited_share": round(waited, 3),
-             "decode_files_per_s_per_worker": round(summary.files / summary.seconds / workers, 3)}
+    facts = {
+        "tower_waited_share": round(waited, 3),
+        "decode_files_per_s_per_worker": round(summary.files / summary.seconds / workers, 3),
+    }
     if waited <= 0.5:
         return facts, None
     busy = max(summary.seconds - summary.decode_wait, 1e-9)
     needed = workers * summary.seconds / busy  # workers that decode as fast as the towers encode
-    return facts, (f"decode-bound: the tower waited {waited:.0%} of the time; about {needed:.0f} workers would "
-                   f"feed it (now {workers})")
+    return facts, (
+        f"decode-bound: the tower waited {waited:.0%} of the time; about {needed:.0f} workers would "
+        f"feed it (now {workers})"
+    )
 
 
 def _encode(window: list[Decoded], free: queue.SimpleQueue):
@@ -218,8 +255,15 @@ def _encode(window: list[Decoded], free: queue.SimpleQueue):
         free.put(encoder)
 
 
-def _record(window: list[Decoded], tokens: dict, oom: dict, writer: ShardWriter, summary: Summary,
-            progress: Progress, options: Options) -> None:
+def _record(
+    window: list[Decoded],
+    tokens: dict,
+    oom: dict,
+    writer: ShardWriter,
+    summary: Summary,
+    progress: Progress,
+    options: Options,
+) -> None:
     """A window's files, in order, to the writer and the counts."""
     for i, d in enumerate(window):
         frames = None

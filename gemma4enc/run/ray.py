@@ -42,9 +42,12 @@ from .pipeline import Progress, Summary, failed_row
 
 RETRIES = 2  # Ray's retries of a task whose actor died, before the driver splits the task up
 # Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
-LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-             # a worker process on a busy machine may take minutes to start; Ray's 60 s would kill it
-             "RAY_worker_register_timeout_seconds": "600"}
+LOCAL_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # a worker process on a busy machine may take minutes to start; Ray's 60 s would kill it
+    "RAY_worker_register_timeout_seconds": "600",
+}
 START_S = "GEMMA4ENC_RAY_START_S"  # seconds the first actor may take to start (imports, tower load)
 START_DEFAULT_S = 900.0  # generous: a loaded 2-core machine took minutes; a real failure is told at once
 DIED = f"its Ray worker died {RETRIES + 1} times in a row encoding it, alone too (out of memory or a crash; see Ray's logs)"
@@ -55,7 +58,9 @@ def make_tasks(items: list[Item], files: int) -> list[dict]:
     get the same id (and shard names) however often they are tried."""
     tasks = []
     for i in range(0, len(items), files):
-        text = json.dumps([asdict(it) for it in items[i: i + files]], ensure_ascii=True)  # non-UTF-8 names as \udcXX
+        text = json.dumps(
+            [asdict(it) for it in items[i : i + files]], ensure_ascii=True
+        )  # non-UTF-8 names as \udcXX
         tasks.append({"id": hashlib.sha1(text.encode()).hexdigest()[:16], "items": text})
     return tasks
 
@@ -74,7 +79,9 @@ class TaskEncoder:
         from ..model.load import open_tower
         from ..output.shards import shard_metadata
 
-        device = "cuda" if ray.get_gpu_ids() else "cpu"  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU
+        device = (
+            "cuda" if ray.get_gpu_ids() else "cpu"
+        )  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU
         self.options = replace(options, device=device, max_failures=None)  # the driver counts failures
         self.out = out
         self.tower, _, self.mode = open_tower(self.options)
@@ -87,12 +94,21 @@ class TaskEncoder:
 
         task = {"id": str(batch["id"][0]), "items": str(batch["items"][0])}
         rows: list[Row] = []
-        writer = ShardWriter(self.out, self.options.out_dtype, self.metadata, self.options.shard_bytes,
-                             self.options.pooled, flush_seconds=float("inf"),
-                             name=f"shard-{task['id']}-{{:03d}}.safetensors".format, on_rows=rows.extend)
+        writer = ShardWriter(
+            self.out,
+            self.options.out_dtype,
+            self.metadata,
+            self.options.shard_bytes,
+            self.options.pooled,
+            flush_seconds=float("inf"),
+            name=f"shard-{task['id']}-{{:03d}}.safetensors".format,
+            on_rows=rows.extend,
+        )
         patches, error = 0, ""
         try:
-            patches = run(_items(task), [self.tower], self.options, writer, self.mode, self.max_patches).patches
+            patches = run(
+                _items(task), [self.tower], self.options, writer, self.mode, self.max_patches
+            ).patches
             writer.close()
         except OutputError as e:
             error = f"output: {e}"  # OUT stopped taking writes: the whole run stops (exit 4)
@@ -100,11 +116,17 @@ class TaskEncoder:
             error = f"{type(e).__name__}: {e}"
         if error:
             try:
-                writer.close(discard=True)  # its thread must not outlive the task; the driver drops its shards
+                writer.close(
+                    discard=True
+                )  # its thread must not outlive the task; the driver drops its shards
             except OutputError:
                 pass
-        return {"id": [task["id"]], "rows": [json.dumps([r.to_json() for r in rows] if not error else [], ensure_ascii=True)],
-                "patches": [patches], "error": [error]}
+        return {
+            "id": [task["id"]],
+            "rows": [json.dumps([r.to_json() for r in rows] if not error else [], ensure_ascii=True)],
+            "patches": [patches],
+            "error": [error],
+        }
 
 
 @dataclass(frozen=True)
@@ -119,21 +141,27 @@ def plan_pool(resources: dict, options: Options) -> Pool:
     """Actors and their resources from the cluster's; refuses what cannot be scheduled (Ray would wait forever)."""
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
     if options.device not in ("auto", "cpu", "cuda"):
-        raise UsageError(f"--engine ray gives each actor a GPU of its own or CPUs: use --device auto, cuda or cpu, "
-                         f"not {options.device}")
+        raise UsageError(
+            f"--engine ray gives each actor a GPU of its own or CPUs: use --device auto, cuda or cpu, "
+            f"not {options.device}"
+        )
     if options.device == "cuda" or (options.device == "auto" and gpus):
         actors = options.ray_actors or gpus
         if not gpus or actors > gpus:
-            raise UsageError(f"{max(actors, 1)} GPU actor(s) need as many GPUs, and the Ray cluster has {gpus}; "
-                             "use --ray-actors, or --device cpu")
+            raise UsageError(
+                f"{max(actors, 1)} GPU actor(s) need as many GPUs, and the Ray cluster has {gpus}; "
+                "use --ray-actors, or --device cpu"
+            )
         workers = options.workers if options.workers is not None else max(0, min(8, cpus // gpus - 1))
         pool = Pool(actors, 1, 1 + workers, "cuda")
     else:
         workers = options.workers or 0  # the actors themselves fill the cores
         pool = Pool(options.ray_actors or max(1, cpus // (1 + workers)), 0, 1 + workers, "cpu")
     if pool.actors * pool.cpus > cpus:
-        raise UsageError(f"{pool.actors} actor(s) × {pool.cpus} CPUs (1 + --workers {pool.cpus - 1}) need "
-                         f"{pool.actors * pool.cpus} CPUs, and the Ray cluster has {cpus}")
+        raise UsageError(
+            f"{pool.actors} actor(s) × {pool.cpus} CPUs (1 + --workers {pool.cpus - 1}) need "
+            f"{pool.actors * pool.cpus} CPUs, and the Ray cluster has {cpus}"
+        )
     return pool
 
 
@@ -183,23 +211,41 @@ def _connected(address: str | None, remote_wait_s: int, local_wait_s: int):
     if address is None:  # also when Ray was imported before the environment was set (a notebook, a test)
         ray_constants.ENABLE_RAY_CLUSTER = False
     logging.getLogger("ray").setLevel(logging.ERROR)
-    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # a lost task is reported by us, with its files
-    temp = tempfile.mkdtemp(prefix="g4e-ray-") if address is None else None  # short: Ray's sockets live in it
+    logging.getLogger("ray.data").setLevel(
+        logging.CRITICAL
+    )  # a lost task is reported by us, with its files
+    temp = (
+        tempfile.mkdtemp(prefix="g4e-ray-") if address is None else None
+    )  # short: Ray's sockets live in it
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # Ray prints worker deaths on stdout, which is --json's
+        with contextlib.redirect_stdout(
+            sys.stderr
+        ):  # Ray prints worker deaths on stdout, which is --json's
             try:
-                if address is None:  # "local" always starts a new Ray, never joins one found on the machine
-                    ray.init(address="local", include_dashboard=False, object_store_memory=256 << 20,
-                             _temp_dir=temp, log_to_driver=False, logging_level=logging.ERROR)
+                if (
+                    address is None
+                ):  # "local" always starts a new Ray, never joins one found on the machine
+                    ray.init(
+                        address="local",
+                        include_dashboard=False,
+                        object_store_memory=256 << 20,
+                        _temp_dir=temp,
+                        log_to_driver=False,
+                        logging_level=logging.ERROR,
+                    )
                 else:
                     ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-                raise UsageError(f"cannot start or join Ray ({address or 'local'}): {str(e).splitlines()[0]}") from None
+                raise UsageError(
+                    f"cannot start or join Ray ({address or 'local'}): {str(e).splitlines()[0]}"
+                ) from None
             try:
                 with warnings.catch_warnings():  # Ray's own deprecations, not the user's to act on
                     warnings.simplefilter("ignore")
                     ctx = ray.data.DataContext.get_current()
-                ctx.max_errored_blocks = -1  # a lost task is found by its missing id and retried file by file
+                ctx.max_errored_blocks = (
+                    -1
+                )  # a lost task is found by its missing id and retried file by file
                 ctx.wait_for_min_actors_s = local_wait_s if address is None else remote_wait_s
                 ctx.enable_progress_bars = False
                 ctx.print_on_execution_start = False
@@ -220,18 +266,24 @@ def encode(todo: list[Item], run: Run) -> Summary:
         return Summary(where={"ray_address": options.ray_address or "local"})
     from ..model.checkpoint import find_checkpoint
 
-    find_checkpoint(options.model, options.revision)  # a wrong --model is told here, not by every actor in turn
+    find_checkpoint(
+        options.model, options.revision
+    )  # a wrong --model is told here, not by every actor in turn
     run.ready()
     model = str(Path(options.model).resolve()) if Path(options.model).is_dir() else options.model
     options = replace(options, model=model)  # actors start elsewhere: no relative paths
     with connect(options.ray_address) as ray:
         pool = plan_pool(ray.cluster_resources(), options)
         run = replace(run, options=replace(options, workers=pool.cpus - 1))
-        run.log(f"{run.done + len(todo)} files, {run.done} already done; Ray ({options.ray_address or 'local'}): "
-                f"{pool.actors} actor(s) on {pool.device}, {pool.cpus} CPU(s) each, "
-                f"tasks of {options.task_files} files")
+        run.log(
+            f"{run.done + len(todo)} files, {run.done} already done; Ray ({options.ray_address or 'local'}): "
+            f"{pool.actors} actor(s) on {pool.device}, {pool.cpus} CPU(s) each, "
+            f"tasks of {options.task_files} files"
+        )
         took = _first_actor_start(ray, run, pool)
-        _wait_for_actors(ray, max(60.0, 3 * took * pool.actors))  # they share the CPUs: at worst one by one
+        _wait_for_actors(
+            ray, max(60.0, 3 * took * pool.actors)
+        )  # they share the CPUs: at worst one by one
         run.log(f"a Ray actor started in {took:.1f} s")
         driver = _Driver(ray, run, pool, Summary(), run.bar(len(todo)), took)
         start = time.perf_counter()
@@ -239,17 +291,32 @@ def encode(todo: list[Item], run: Run) -> Summary:
             lost = driver.round(make_tasks(todo, options.task_files))
             if lost:
                 files = [it for t in lost for it in _items(t)]
-                run.log(f"{len(lost)} task(s) did not come back; trying their {len(files)} file(s) one by one")
+                run.log(
+                    f"{len(lost)} task(s) did not come back; trying their {len(files)} file(s) one by one"
+                )
                 lost = driver.round(make_tasks(files, 1))
             if lost:
-                driver.record([failed_row(_items(t)[0], Status.WORKER_DIED if t["error"] == DIED else Status.ERROR, t["error"])
-                               for t in lost], 0)
+                driver.record(
+                    [
+                        failed_row(
+                            _items(t)[0],
+                            Status.WORKER_DIED if t["error"] == DIED else Status.ERROR,
+                            t["error"],
+                        )
+                        for t in lost
+                    ],
+                    0,
+                )
         finally:
             driver.progress.close()
         summary = driver.summary
         summary.seconds = time.perf_counter() - start
-    summary.where = {"device": pool.device, "ray_address": options.ray_address or "local",
-                     "ray_actors": pool.actors, "task_files": options.task_files}
+    summary.where = {
+        "device": pool.device,
+        "ray_address": options.ray_address or "local",
+        "ray_actors": pool.actors,
+        "task_files": options.task_files,
+    }
     return summary
 
 
@@ -263,9 +330,11 @@ def _first_actor_start(ray, run: Run, pool: Pool) -> float:
     try:
         ray.get(actor.__ray_ready__.remote(), timeout=limit)
     except ray.exceptions.GetTimeoutError:
-        raise UsageError(f"a Ray actor did not start in {limit:.0f} s ({pool.cpus} CPU(s)"
-                         f"{' and a GPU' if pool.gpus else ''} each: the machine is too busy or the cluster "
-                         f"has no room); set {START_S} to wait longer") from None
+        raise UsageError(
+            f"a Ray actor did not start in {limit:.0f} s ({pool.cpus} CPU(s)"
+            f"{' and a GPU' if pool.gpus else ''} each: the machine is too busy or the cluster "
+            f"has no room); set {START_S} to wait longer"
+        ) from None
     except ray.exceptions.RayError as e:
         raise UsageError(f"a Ray actor could not start: {_first_line(e)}") from None
     finally:
@@ -276,7 +345,9 @@ def _first_actor_start(ray, run: Run, pool: Pool) -> float:
 def _first_line(e: Exception) -> str:
     """The innermost reason of a Ray error (its text holds the actor's whole traceback)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return next((line for line in reversed(lines) if "Error" in line.split(":")[0]), lines[-1] if lines else "")
+    return next(
+        (line for line in reversed(lines) if "Error" in line.split(":")[0]), lines[-1] if lines else ""
+    )
 
 
 def _wait_for_actors(ray, seconds: float) -> None:
@@ -303,20 +374,32 @@ class _Driver:
         ray, pool, out = self.ray, self.pool, self.run.out
         ds = ray.data.from_items(tasks, override_num_blocks=len(tasks))
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Ray 2.60 has no named parameter for max_restarts/max_task_retries yet
+            warnings.simplefilter(
+                "ignore"
+            )  # Ray 2.60 has no named parameter for max_restarts/max_task_retries yet
             ds = ds.map_batches(
-                TaskEncoder, batch_size=1, fn_constructor_kwargs={"options": self.run.options, "out": str(out)},
+                TaskEncoder,
+                batch_size=1,
+                fn_constructor_kwargs={"options": self.run.options, "out": str(out)},
                 # one task in flight per actor: a death costs only its own task a retry
-                compute=ray.data.ActorPoolStrategy(size=min(pool.actors, len(tasks)), max_tasks_in_flight_per_actor=1),
-                num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=-1, max_task_retries=RETRIES)
+                compute=ray.data.ActorPoolStrategy(
+                    size=min(pool.actors, len(tasks)), max_tasks_in_flight_per_actor=1
+                ),
+                num_cpus=pool.cpus,
+                num_gpus=pool.gpus or None,
+                max_restarts=-1,
+                max_task_retries=RETRIES,
+            )
         errors: dict[str, str] = {}
         try:
             for row in ds.iter_rows():
                 self._take(row, errors)
         except ray.exceptions.GetTimeoutError:
             wait = ray.data.DataContext.get_current().wait_for_min_actors_s
-            raise UsageError(f"{pool.actors} Ray actors did not start in {wait} s, though one alone took "
-                             f"{self.start_s:.1f} s: the machine is too busy") from None
+            raise UsageError(
+                f"{pool.actors} Ray actors did not start in {wait} s, though one alone took "
+                f"{self.start_s:.1f} s: the machine is too busy"
+            ) from None
         lost = [t | {"error": errors.get(t["id"]) or DIED} for t in tasks if errors.get(t["id"]) != ""]
         for t in lost:  # a task that died after writing a shard, before its rows came back
             for p in out.glob(f"shard-{t['id']}-*.safetensors"):

@@ -23,7 +23,9 @@ from ..output.npreader import NumpyEmbeddings
 from ..output.settings import SEARCH_INDEX, SETTINGS, read_settings
 from ..output.vectors import hidden_size, placed, records
 
-INDEX, KEYS = SEARCH_INDEX  # OUT's cached faiss index, and beside it the paths of its rows (--overwrite removes them)
+INDEX, KEYS = (
+    SEARCH_INDEX  # OUT's cached faiss index, and beside it the paths of its rows (--overwrite removes them)
+)
 BLOCK = 1024  # query rows scored at once for --duplicates (BLOCK × N scores in memory)
 
 
@@ -88,15 +90,23 @@ class Index:
 def _stamp(out: Path) -> dict:
     """What the manifest was when the index was built: any run, compaction or overwrite changes it."""
     st = os.stat(out / MANIFEST)
-    return {"manifest_inode": st.st_ino, "manifest_size": st.st_size, "manifest_mtime_ns": st.st_mtime_ns}
+    return {
+        "manifest_inode": st.st_ino,
+        "manifest_size": st.st_size,
+        "manifest_mtime_ns": st.st_mtime_ns,
+    }
 
 
-def load_index(out: Path, log=lambda message: None, use_faiss: bool = True) -> tuple[Index, NumpyEmbeddings]:
+def load_index(
+    out: Path, log=lambda message: None, use_faiss: bool = True
+) -> tuple[Index, NumpyEmbeddings]:
     """OUT's index: the cached faiss one while the manifest is unchanged, else built (and cached)."""
     out = Path(out)
     if not (out / MANIFEST).exists():
         raise UsageError(not_an_output(out))
-    stamp = _stamp(out)  # before the manifest is read: rows appended meanwhile make the cache stale, never wrong
+    stamp = _stamp(
+        out
+    )  # before the manifest is read: rows appended meanwhile make the cache stale, never wrong
     emb = NumpyEmbeddings(out)
     faiss = _faiss() if use_faiss else None
     if faiss is not None:
@@ -112,9 +122,13 @@ def load_index(out: Path, log=lambda message: None, use_faiss: bool = True) -> t
     paths, index = _matrix(emb, faiss)
     try:
         atomic_write(out / INDEX, lambda tmp: faiss.write_index(index, str(tmp)))
-        atomic_write(out / KEYS, lambda tmp: tmp.write_text(json.dumps({"stamp": stamp, "paths": paths})))
+        atomic_write(
+            out / KEYS, lambda tmp: tmp.write_text(json.dumps({"stamp": stamp, "paths": paths}))
+        )
     except (OSError, RuntimeError) as e:
-        log(f"the index is not cached in {out} ({getattr(e, 'strerror', None) or e}); it is built again next time")
+        log(
+            f"the index is not cached in {out} ({getattr(e, 'strerror', None) or e}); it is built again next time"
+        )
     return Index(paths, None, index), emb
 
 
@@ -140,14 +154,23 @@ def _matrix(emb: NumpyEmbeddings, faiss=None):
     return paths, matrix
 
 
-def search(out, files: list[str], k: int = 10, device: str = "auto", bar=None, log=lambda message: None,
-           use_faiss: bool = True) -> dict:
+def search(
+    out,
+    files: list[str],
+    k: int = 10,
+    device: str = "auto",
+    bar=None,
+    log=lambda message: None,
+    use_faiss: bool = True,
+) -> dict:
     """The k nearest files of each of `files`; a file OUT lacks is encoded with OUT's settings."""
     if k < 1:
         raise UsageError(f"-k {k}: must be at least 1")
     for f in files:
         if os.path.isdir(f):
-            raise UsageError(f"{f}: a folder; search takes files (encode a folder into OUT, then --duplicates)")
+            raise UsageError(
+                f"{f}: a folder; search takes files (encode a folder into OUT, then --duplicates)"
+            )
     index, emb = load_index(Path(out), log, use_faiss)
     queries, sources, errors = {}, {}, {}
     new = []
@@ -179,11 +202,17 @@ def search(out, files: list[str], k: int = 10, device: str = "auto", bar=None, l
         hits = [(float(s), i) for s, i in zip(scores[n], ids[n].tolist())]
         if sources[f] == "out":  # itself first, even among exact copies of it (equal scores)
             own = positions[os.path.abspath(f)]
-            hits = [(float(query @ query), own), *[(s, i) for s, i in hits if i != own]][:len(hits)]
+            hits = [(float(query @ query), own), *[(s, i) for s, i in hits if i != own]][: len(hits)]
         hits = [{"path": index.paths[i], "score": round(s, 6)} for s, i in hits]
         results.append({"file": f, "path": os.path.abspath(f), "source": sources[f], "hits": hits})
     failed = [{"file": f, "path": os.path.abspath(f), "error": e} for f, e in errors.items()]
-    return {"out": str(out), "backend": index.backend, "rows": len(index), "results": results, "failed": failed}
+    return {
+        "out": str(out),
+        "backend": index.backend,
+        "rows": len(index),
+        "results": results,
+        "failed": failed,
+    }
 
 
 def _unchanged(path: str, row: dict) -> bool:
@@ -203,7 +232,9 @@ def encode_files(out: Path, paths: list[str], device: str, bar, log) -> dict:
 
     saved = read_settings(out)
     if saved is None:
-        raise UsageError(f"{out}: no {SETTINGS}, so its settings are unknown; cannot encode new files like it")
+        raise UsageError(
+            f"{out}: no {SETTINGS}, so its settings are unknown; cannot encode new files like it"
+        )
     options, _ = Options.resume(saved, {"device": device, "workers": 0})  # OUT's own settings, every one
     items, _ = discover(paths)
     with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp:
@@ -254,5 +285,10 @@ def duplicates(out, threshold: float = 0.98, log=lambda message: None, use_faiss
     for i in range(len(index)):
         groups.setdefault(root(i), []).append(i)
     found = [[index.paths[i] for i in members] for members in groups.values() if len(members) > 1]
-    return {"out": str(out), "backend": index.backend, "rows": len(index), "threshold": threshold,
-            "groups": found}
+    return {
+        "out": str(out),
+        "backend": index.backend,
+        "rows": len(index),
+        "threshold": threshold,
+        "groups": found,
+    }

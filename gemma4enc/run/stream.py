@@ -18,8 +18,13 @@ from ..rows import Status
 
 
 class Stream:
-    def __init__(self, first: list[Item], todo: list[Item], more: Iterator[list[Item]],
-                 decide: Callable[[list[Item]], list[Item]]):
+    def __init__(
+        self,
+        first: list[Item],
+        todo: list[Item],
+        more: Iterator[list[Item]],
+        decide: Callable[[list[Item]], list[Item]],
+    ):
         self.found = len(first)  # files discovery handed over (done ones it kept out are not here)
         self.todo = len(todo)  # of those, the ones to do
         self._pending, self._more, self._decide = todo, more, decide

@@ -84,6 +84,8 @@ def _local(repo_id: str, revision: str | None, why: str) -> tuple[Path, str | No
 
 def _found(repo_id: str, root: Path, commit: str | None) -> dict:
     """The record of a fetch that found everything here already."""
-    record = json.loads((root / FETCHED).read_text()) if (root / FETCHED).is_file() else {"repo": repo_id}
+    record = (
+        json.loads((root / FETCHED).read_text()) if (root / FETCHED).is_file() else {"repo": repo_id}
+    )
     # the folder where it is now: a cache copied to another machine or path has moved
     return {**record, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}

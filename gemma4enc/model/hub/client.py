@@ -13,7 +13,6 @@ from ...errors import UsageError
 COMMIT = re.compile(r"[0-9a-f]{40}")  # a full commit hash, as the hub names a snapshot
 
 
-
 MAX_HEADER = 100 << 20  # bytes: safetensors' own limit on a header
 Log = Callable[[str], None]
 
@@ -32,7 +31,9 @@ class Hub:
         from huggingface_hub.utils import build_hf_headers
 
         self.repo_id, self.commit, self.log = repo_id, commit, log
-        self.headers = build_hf_headers() | {"Accept-Encoding": "identity"}  # sizes and offsets are the file's
+        self.headers = build_hf_headers() | {
+            "Accept-Encoding": "identity"
+        }  # sizes and offsets are the file's
         self.served = 0  # body bytes received
 
     def url(self, filename: str) -> str:
@@ -44,8 +45,9 @@ class Hub:
         from huggingface_hub import constants
         from huggingface_hub.utils import hf_raise_for_status, http_backoff
 
-        response = http_backoff("GET", self.url(filename), headers=self.headers,
-                                timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+        response = http_backoff(
+            "GET", self.url(filename), headers=self.headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT
+        )
         hf_raise_for_status(response)
         self.served += len(response.content)
         return response.content
@@ -67,8 +69,13 @@ class Hub:
 
         headers = self.headers | ({"Range": f"bytes={start}-{'' if end is None else end - 1}"})
         # a broken body is ours to resume (from where it broke), not theirs to retry from the start
-        return http_stream_backoff("GET", self.url(filename), headers=headers, retry_on_exceptions=(),
-                                   timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+        return http_stream_backoff(
+            "GET",
+            self.url(filename),
+            headers=headers,
+            retry_on_exceptions=(),
+            timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+        )
 
     def header(self, filename: str) -> tuple[bytes, int | None, bool]:
         """The file's 8-byte length + JSON header, its size, and whether Range was honoured: two
@@ -128,7 +135,9 @@ def _resolve(repo_id: str, revision: str | None) -> tuple[str, set[str] | None]:
         raise
     except HfHubHTTPError:
         pass  # the files' own answers say whether the repo and the revision exist
-    meta = get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision), retry_on_errors=True)
+    meta = get_hf_file_metadata(
+        hf_hub_url(repo_id, "config.json", revision=revision), retry_on_errors=True
+    )
     if not meta.commit_hash:
         raise UsageError(f"{repo_id}: the hub did not say which commit {revision or 'main'} is")
     return meta.commit_hash, None
@@ -156,7 +165,12 @@ def _resolves() -> bool:
 def offline() -> bool:
     from huggingface_hub import constants
 
-    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+    )
 
 
 def _header_length(repo_id: str, filename: str, first: bytes) -> int:

@@ -8,27 +8,8 @@ from pathlib import Path
 
 from ...errors import UsageError
 from ..layouts import INDEX, SINGLE, is_vision
-from .cache import (
-    FETCHED,
-    _atomic_write,
-    _found,
-    _local,
-    _remember,
-    _snapshot,
-    cached,
-    repo_folder,
-)
-from .client import (
-    COMMIT,
-    Hub,
-    Log,
-    _host,
-    _hub_error,
-    _resolve,
-    _resolves,
-    offline,
-    say,
-)
+from .cache import FETCHED, _atomic_write, _found, _local, _remember, _snapshot, cached, repo_folder
+from .client import COMMIT, Hub, Log, _host, _hub_error, _resolve, _resolves, offline, say
 from .ranges import _weights, plan_ranges
 
 SMALL = ("config.json", "preprocessor_config.json", "processor_config.json")  # copied whole when present
@@ -74,14 +55,25 @@ def download(repo_id: str, commit: str, names: set[str] | None, log: Log) -> dic
                 small.append(filename)
         files, skipped, _ = _weight_files(hub, names)
         the_plan = plan_ranges(hub, files, skipped, {"format": "pt", "repo": repo_id, "commit": commit})
-        log(f"{repo_id}@{commit[:12]}: fetching {the_plan.tensors} vision tensors ({the_plan.vision_bytes:,} bytes "
-            f"in {len(the_plan.requests)} ranges) of {len(files)} file(s), {the_plan.source_bytes:,} bytes in all")
+        log(
+            f"{repo_id}@{commit[:12]}: fetching {the_plan.tensors} vision tensors ({the_plan.vision_bytes:,} bytes "
+            f"in {len(the_plan.requests)} ranges) of {len(files)} file(s), {the_plan.source_bytes:,} bytes in all"
+        )
         _weights(hub, folder, the_plan)
-        record = {"repo": repo_id, "commit": commit, "folder": str(folder), "files": small + [SINGLE],
-                  "tensors": the_plan.tensors, "vision_bytes": the_plan.vision_bytes,
-                  "bytes_fetched": hub.served, "source_files": files, "files_skipped": skipped,
-                  "source_bytes": the_plan.source_bytes, "ranges": len(the_plan.requests),
-                  "range_requests": not the_plan.unranged}
+        record = {
+            "repo": repo_id,
+            "commit": commit,
+            "folder": str(folder),
+            "files": small + [SINGLE],
+            "tensors": the_plan.tensors,
+            "vision_bytes": the_plan.vision_bytes,
+            "bytes_fetched": hub.served,
+            "source_files": files,
+            "files_skipped": skipped,
+            "source_bytes": the_plan.source_bytes,
+            "ranges": len(the_plan.requests),
+            "range_requests": not the_plan.unranged,
+        }
         _atomic_write(folder / FETCHED, json.dumps(record, indent=2).encode())
     return record
 
@@ -96,11 +88,16 @@ def config_file(repo_id: str, revision: str | None = None) -> Path:
     if found:
         return found[0] / "config.json"
     try:
-        return Path(hf_hub_download(repo_id, "config.json", revision=revision,
-                                    local_files_only=offline() or not _resolves()))
+        return Path(
+            hf_hub_download(
+                repo_id, "config.json", revision=revision, local_files_only=offline() or not _resolves()
+            )
+        )
     except LocalEntryNotFoundError:
-        raise UsageError(f"{repo_id}: its config.json is not in the cache and the hub cannot be reached "
-                         f"(HF_HUB_OFFLINE, or {_host()} does not resolve)") from None
+        raise UsageError(
+            f"{repo_id}: its config.json is not in the cache and the hub cannot be reached "
+            f"(HF_HUB_OFFLINE, or {_host()} does not resolve)"
+        ) from None
     except HfHubHTTPError as e:
         raise _hub_error(repo_id, e) from None
 
@@ -127,7 +124,9 @@ def fetch(repo_id: str, revision: str | None = None, log: Log = say) -> dict:
             record = _found(repo_id, snapshot[0], commit)
         else:
             record = {**download(repo_id, commit, names, log), "cached": False}
-        if (revision or "main") != commit:  # only now: offline, the name keeps pointing at a finished folder
+        if (
+            revision or "main"
+        ) != commit:  # only now: offline, the name keeps pointing at a finished folder
             _remember(repo_id, revision or "main", commit)
         return record
     except (httpx2.TransportError, OfflineModeIsEnabled):

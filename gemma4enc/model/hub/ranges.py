@@ -29,16 +29,33 @@ PROGRESS_SECONDS = 10  # a progress line at most this often while a large fetch 
 RETRIES = 3  # a cut range is asked again for its rest this many times before the run gives up
 
 
-
-
-ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
-            "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 0.5, "F6_E2M3": 0.75,
-            "F6_E3M2": 0.75}
+ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "F4": 0.5,
+    "F6_E2M3": 0.75,
+    "F6_E3M2": 0.75,
+}
 
 
 @dataclass
 class Piece:
     """One tensor's bytes: where they are in the source file and where they go in ours."""
+
     src: int  # absolute offset in the source file
     size: int
     dst: int  # absolute offset in the vision-only file
@@ -47,6 +64,7 @@ class Piece:
 @dataclass
 class Request:
     """One Range request: a run of nearby pieces of one source file."""
+
     file: str
     start: int  # absolute offsets in the source file, end exclusive
     end: int
@@ -73,7 +91,7 @@ def _header(hub: Hub, filename: str) -> tuple[dict, int, int | None, bool]:
     raw, size, ranged = hub.header(filename)
     n = _header_length(hub.repo_id, filename, raw)
     try:
-        entries = json.loads(raw[8: 8 + n])
+        entries = json.loads(raw[8 : 8 + n])
     except ValueError as e:
         raise UsageError(f"{hub.repo_id}: {filename}: unreadable safetensors header ({e})") from None
     return entries, 8 + n, size, ranged
@@ -82,9 +100,15 @@ def _header(hub: Hub, filename: str) -> tuple[dict, int, int | None, bool]:
 def _check(filename: str, key: str, entry: dict, data_start: int, size: int | None) -> tuple[int, int]:
     """One header entry's sanity → its absolute byte range."""
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    ok = (dtype in ITEMSIZE and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
-          and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-          and 0 <= offsets[0] <= offsets[1])
+    ok = (
+        dtype in ITEMSIZE
+        and isinstance(shape, list)
+        and all(isinstance(d, int) and d >= 0 for d in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    )
     if not ok:
         raise UsageError(f"{filename}: {key}: malformed safetensors entry {entry}")
     if offsets[1] - offsets[0] != math.ceil(math.prod(shape) * ITEMSIZE[dtype]):
@@ -107,11 +131,17 @@ def plan_ranges(hub: Hub, files: list[str], skipped: list[str], metadata: dict) 
             if key != "__metadata__" and is_vision(key):
                 chosen.append((filename, key, entry, *_check(filename, key, entry, data_start, size)))
     if not chosen:
-        raise UsageError(f"{hub.repo_id}: the checkpoint holds no vision_tower.* or embed_vision.* tensors")
+        raise UsageError(
+            f"{hub.repo_id}: the checkpoint holds no vision_tower.* or embed_vision.* tensors"
+        )
     chosen.sort(key=lambda c: (files.index(c[0]), c[3]))  # source order: sequential reads
     layout, offset = {"__metadata__": metadata}, 0
     for filename, key, entry, start, end in chosen:
-        layout[key] = {"dtype": entry["dtype"], "shape": entry["shape"], "data_offsets": [offset, offset + end - start]}
+        layout[key] = {
+            "dtype": entry["dtype"],
+            "shape": entry["shape"],
+            "data_offsets": [offset, offset + end - start],
+        }
         offset += end - start
     text = json.dumps(layout, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
@@ -143,8 +173,10 @@ class RangeProgress:
             pass  # nothing usable: start over
         self.unsaved, self.said = 0, time.monotonic()
         if any(self.done):
-            log(f"resuming an earlier fetch: {plan.vision_bytes - self.missing:,} of {plan.vision_bytes:,} bytes "
-                "already here")
+            log(
+                f"resuming an earlier fetch: {plan.vision_bytes - self.missing:,} of {plan.vision_bytes:,} bytes "
+                "already here"
+            )
 
     def add(self, i: int, n: int) -> None:
         self.done[i] += n
@@ -159,7 +191,9 @@ class RangeProgress:
         self.unsaved = 0
         if time.monotonic() - self.said >= PROGRESS_SECONDS and self.missing:
             self.said = time.monotonic()
-            self.log(f"fetched {self.plan.vision_bytes - self.missing:,} of {self.plan.vision_bytes:,} vision bytes")
+            self.log(
+                f"fetched {self.plan.vision_bytes - self.missing:,} of {self.plan.vision_bytes:,} vision bytes"
+            )
 
     @property
     def missing(self) -> int:
@@ -176,7 +210,7 @@ def _write(out, request: Request, i: int, pos: int, chunk: bytes, progress: Rang
         a, b = max(lo, piece.src), min(hi, piece.src + piece.size)
         if a < b:
             out.seek(piece.dst + a - piece.src)
-            out.write(chunk[a - pos: b - pos])
+            out.write(chunk[a - pos : b - pos])
     out.flush()  # the data is in the file before the progress that says so
     progress.add(i, hi - lo)
 
@@ -185,7 +219,11 @@ def _pull(hub: Hub, out, plan: RangePlan, progress: RangeProgress, filename: str
     """Fetch one file's missing ranges: a Range request each, or one stream where Range is ignored."""
     from huggingface_hub.utils import hf_raise_for_status
 
-    todo = [(i, r) for i, r in enumerate(plan.requests) if r.file == filename and progress.done[i] < r.end - r.start]
+    todo = [
+        (i, r)
+        for i, r in enumerate(plan.requests)
+        if r.file == filename and progress.done[i] < r.end - r.start
+    ]
     if not todo:
         return
     if filename in plan.unranged:
@@ -205,9 +243,13 @@ def _pull(hub: Hub, out, plan: RangePlan, progress: RangeProgress, filename: str
             hf_raise_for_status(response)
             pos = r.start + progress.done[i]
             said = response.headers.get("Content-Range")
-            if response.status_code != 206 or (said is not None and not said.startswith(f"bytes {pos}-")):
-                raise UsageError(f"{hub.repo_id}: {filename}: the server answered a Range request for byte {pos:,} "
-                                 f"with {response.status_code} {response.headers.get('Content-Range', '')}".rstrip())
+            if response.status_code != 206 or (
+                said is not None and not said.startswith(f"bytes {pos}-")
+            ):
+                raise UsageError(
+                    f"{hub.repo_id}: {filename}: the server answered a Range request for byte {pos:,} "
+                    f"with {response.status_code} {response.headers.get('Content-Range', '')}".rstrip()
+                )
             for chunk in response.iter_bytes():
                 hub.served += len(chunk)
                 _write(out, r, i, pos, chunk, progress)
@@ -221,8 +263,10 @@ def _weights(hub: Hub, folder: Path, plan: RangePlan) -> None:
     part = folder / (SINGLE + ".part")
     progress = RangeProgress(part, plan, hub.log)
     if plan.unranged:
-        hub.log(f"the hub server ignores Range requests: streaming {', '.join(sorted(plan.unranged))} from the start "
-                "and keeping only the vision bytes")
+        hub.log(
+            f"the hub server ignores Range requests: streaming {', '.join(sorted(plan.unranged))} from the start "
+            "and keeping only the vision bytes"
+        )
     with open(part, "r+b" if part.is_file() else "w+b") as out:
         out.write(plan.header)
         out.truncate(len(plan.header) + plan.vision_bytes)
@@ -230,17 +274,24 @@ def _weights(hub: Hub, folder: Path, plan: RangePlan) -> None:
             try:
                 for filename in dict.fromkeys(r.file for r in plan.requests):
                     _pull(hub, out, plan, progress, filename)
-            except (httpx2.TransportError, httpx2.StreamError) as e:  # a cut: keep what came, ask for the rest
+            except (
+                httpx2.TransportError,
+                httpx2.StreamError,
+            ) as e:  # a cut: keep what came, ask for the rest
                 progress.save()
-                hub.log(f"connection cut ({type(e).__name__}) with {progress.missing:,} vision bytes to go")
+                hub.log(
+                    f"connection cut ({type(e).__name__}) with {progress.missing:,} vision bytes to go"
+                )
             if not progress.missing:
                 break
             if attempt < RETRIES:
                 hub.log(f"resuming: asking only for the {progress.missing:,} missing bytes")
         progress.save()
         if progress.missing:
-            raise UsageError(f"{hub.repo_id}: {progress.missing:,} vision bytes did not arrive (the connection broke); "
-                             "run again to resume")
+            raise UsageError(
+                f"{hub.repo_id}: {progress.missing:,} vision bytes did not arrive (the connection broke); "
+                "run again to resume"
+            )
         out.flush()
         os.fsync(out.fileno())
     _verify(part, plan)
