@@ -357,7 +357,8 @@ def test_sigterm_saves_what_is_finished_and_exits_130(good, ckpt, tmp_path):
     args = [media, "--model", ckpt, *flags(json=False, shard_size=1, workers=1), "-o", out]
     proc = subprocess.Popen(encode_argv(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (out / "manifest.jsonl").exists():
+    manifest = out / "manifest.jsonl"  # made empty beside the settings: a row in it means a file is done
+    while time.monotonic() < deadline and not (manifest.exists() and manifest.stat().st_size):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     code, err = proc.wait(60), proc.stderr.read()
