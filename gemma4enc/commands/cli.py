@@ -8,6 +8,7 @@ the README's exit-code table): one line on stderr, and with --json an {"error", 
 from __future__ import annotations
 
 import os
+import sys
 
 # each registers its commands on the app, in the order --help lists them
 from . import running  # noqa: F401 - encode, plan (demo)
@@ -26,4 +27,7 @@ def main() -> None:
     # and the tower loses far more than the cores it shares (docs/benchmarks.md). A value already
     # in the environment is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # one that lands past the command's own handling: still exit 130
+        sys.exit(130)
