@@ -10,11 +10,11 @@ shards no row names, temp files, a torn last manifest line.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
 from ..errors import UsageError
+from ..media import webdataset
 from ..media.discover import Item, exists
 from ..options import DEFAULT_FRAMES, Options, Sampling
 from ..output.files import MANIFEST, SHARD_RE, TEMP_RE
@@ -38,15 +38,17 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
     tokens = 0
     for item in items:
         kinds[item.kind] += 1
+        source = item.path
         try:
+            source = webdataset.open_source(item.path, item.root, item.rel)  # a URL's or tar member's: a file object
             if item.kind == "image":
-                with Image.open(item.path) as im:
+                with Image.open(source) as im:
                     size, count = im.size, 1
                 budget = options.image_tokens
             elif item.kind == "video":
                 import av
 
-                with av.open(item.path) as c:
+                with av.open(source) as c:
                     s = c.streams.video[0]
                     size, count = (s.width, s.height), _video_frames(options.sampling, s)
                 budget = options.video_tokens
@@ -57,6 +59,9 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
         except Exception:  # noqa: BLE001 - a dry run counts what it cannot read, encode will say why
             unreadable += 1
             continue
+        finally:
+            if source is not item.path:
+                source.close()
         buckets[n] += count
         tokens += count * n // (POOL * POOL)
     width = {"bfloat16": 2, "float16": 2, "float32": 4}[options.out_dtype]  # no torch for a dry run

@@ -7,7 +7,6 @@ import itertools
 import os
 import stat
 import sys
-import tarfile
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -105,6 +104,8 @@ def look_remote(path: str, known: Known | None = None, root: str | None = None, 
     """look() for a URL (size and mtime from `info`, its listing entry, else asked for) or a tar's
     member (root: the tar, rel: the member); first bytes are read only when `known` does not
     recognise the file."""
+    import tarfile  # here: a local run does not pay for its import
+
     member = webdataset.member_of(path, root, rel)
     try:
         if member:
@@ -139,6 +140,8 @@ def look_remote(path: str, known: Known | None = None, root: str | None = None, 
 def _tar_members(tar: str) -> Iterable[tuple]:
     """discover's candidates for one WebDataset tar: every member but the sidecars, sniffed through
     the tar's file object; a tar that is not one is a row saying so."""
+    import tarfile
+
     try:
         f, found = webdataset.members(tar)
     except FileNotFoundError:

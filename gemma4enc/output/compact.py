@@ -4,7 +4,6 @@ run by `compact`, and by a run itself once superseded rows outnumber the live on
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..errors import UsageError

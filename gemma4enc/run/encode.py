@@ -73,7 +73,7 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
                 options, extra = preflight(options)  # now the model will load: find it, check the devices
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
             if stream is not None:
-                bar = (lambda make: lambda n: stream.watch(make(n)))(bar)
+                bar = _watched(bar, stream)
             run = Run(out, options, bar, log, done=found - len(todo), ready=ready, pool=pool)
             try:
                 summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not light)
@@ -110,6 +110,11 @@ def encode_files(items: list[Item], out: Path, options: Options, bar, log=None, 
         "patches_per_s": round(summary.patches / summary.seconds, 1) if summary.seconds else None,
         "engine": options.engine, **summary.where,
     }
+
+
+def _watched(bar, stream):
+    """The bar factory, each bar handed to `stream` so that later chunks grow its total."""
+    return lambda total: stream.watch(bar(total))
 
 
 def early_pool(items: list[Item], options: Options, light: bool):
