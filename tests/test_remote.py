@@ -95,7 +95,7 @@ def test_files_from_urls_in_worker_processes(s3, good, ckpt, tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     _, want = shard_tokens(local)
-    rows, got = shard_tokens(out)
+    _, got = shard_tokens(out)
     assert sorted(got) == [f"s3://{BUCKET}/listed/clip.mp4", f"s3://{BUCKET}/listed/small.png"]
     for path, t in got.items():
         assert torch.equal(t, want[str(good / Path(path).name)]), path
@@ -125,6 +125,12 @@ def test_webdataset_tars_local_and_by_url(s3, good, ckpt, tmp_path):
     assert encode([good, "-o", folder, *args]).exit_code == 0
     _, want = shard_tokens(folder)
     pattern = str(shards / "shard-{00000..00001}.tar")
+    from gemma4enc.commands.cli import app
+
+    plan = json.loads(RUN.invoke(app, ["plan", pattern, "--json"]).stdout)  # headers read through the tar
+    want_plan = json.loads(RUN.invoke(app, ["plan", str(good), "--json"]).stdout)
+    assert plan["unreadable"] == 0 and plan["tower_items"] > 6
+    assert {k: plan[k] for k in ("files", "tower_items", "tokens")} == {k: want_plan[k] for k in ("files", "tower_items", "tokens")}
     for root, out in ((pattern, local), (f"s3://{BUCKET}/wds/shard-{{00000..00001}}.tar", by_url)):
         result = encode([root, "-o", out, *args])
         assert result.exit_code == 0, result.output

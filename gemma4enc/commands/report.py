@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..errors import UsageError
+from ..media import webdataset
 from ..media.kinds import Item
 from ..media.sources import exists
 from ..options import DEFAULT_FRAMES, OUT_DTYPES, Options, Sampling
@@ -38,15 +39,18 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
     tokens = 0
     for item in items:
         kinds[item.kind] += 1
+        source = item.path
         try:
+            # a URL's or a tar member's: a file object
+            source = webdataset.open_source(item.path, item.root, item.rel)
             if item.kind == "image":
-                with Image.open(item.path) as im:
+                with Image.open(source) as im:
                     size, count = im.size, 1
                 budget = options.image_tokens
             elif item.kind == "video":
                 import av
 
-                with av.open(item.path) as c:
+                with av.open(source) as c:
                     s = c.streams.video[0]
                     size, count = (s.width, s.height), _video_frames(options.sampling, s)
                 budget = options.video_tokens
@@ -57,6 +61,9 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
         except Exception:  # noqa: BLE001 - a dry run counts what it cannot read, encode will say why
             unreadable += 1
             continue
+        finally:
+            if source is not item.path:
+                source.close()
         buckets[n] += count
         tokens += count * n // (POOL * POOL)
     width = OUT_DTYPES[options.out_dtype][1]  # no torch for a dry run

@@ -8,7 +8,6 @@ instance role), so there is nothing of ours to configure.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Iterable
 
@@ -69,6 +68,8 @@ def stamp(info: dict) -> int:
                 continue
     tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("checksum")
     if tag:
+        import hashlib
+
         return int.from_bytes(hashlib.sha256(str(tag).strip('"').encode()).digest()[:7], "big")
     return 0
 

@@ -5,7 +5,6 @@ an input is still there, asked of the store it lives in."""
 from __future__ import annotations
 
 import os
-import tarfile
 from typing import Iterable
 
 from ..errors import UsageError
@@ -24,6 +23,8 @@ def look_remote(
     """look() for a URL (size and mtime from `info`, its listing entry, else asked for) or a tar's
     member (root: the tar, rel: the member); first bytes are read only when `known` does not
     recognise the file."""
+    import tarfile  # here: a local run does not pay for its import
+
     member = webdataset.member_of(path, root, rel)
     try:
         if member:
@@ -68,6 +69,8 @@ def look_remote(
 def tar_members(tar: str) -> Iterable[tuple]:
     """discover's candidates for one WebDataset tar: every member but the sidecars, sniffed through
     the tar's file object; a tar that is not one is a row saying so."""
+    import tarfile
+
     try:
         f, found = webdataset.members(tar)
     except FileNotFoundError:

@@ -10,10 +10,8 @@ Decoding reads a member's bytes in place: the tar's headers are indexed once per
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
-import tarfile
 from collections import OrderedDict
 
 from . import remote
@@ -55,6 +53,8 @@ def sample_key(name: str) -> str:
 
 def _index(f) -> dict[str, tuple[int, int, int]]:
     """member name → (data offset, size, mtime) of every regular file, in the tar's order."""
+    import tarfile  # imported by a tar's first use: a local run does not pay for it
+
     members = {}
     with tarfile.open(fileobj=f, mode="r:") as t:
         for m in t:
@@ -157,6 +157,8 @@ def open_member(tar: str, name: str):
 
 def sidecars(tar: str, name: str) -> dict:
     """The sample's .json (parsed; its text where it is not JSON) and .txt members, by extension."""
+    import json
+
     index, key, found = index_of(tar), sample_key(name), {}
     for ext in SIDECARS:
         entry = index.get(key + ext)

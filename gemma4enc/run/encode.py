@@ -165,7 +165,7 @@ def encode_files(
                 )  # now the model will load: find it, check the devices
             ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
             if stream is not None:
-                bar = (lambda make: lambda n: stream.watch(make(n)))(bar)
+                bar = _watched(bar, stream)
             run = Run(out, options, bar, log, done=found - len(todo), ready=ready, pool=pool)
             try:
                 summary = (
@@ -220,6 +220,11 @@ def encode_files(
         "engine": options.engine,
         **summary.where,
     }
+
+
+def _watched(bar, stream):
+    """The bar factory, each bar handed to `stream` so that later chunks grow its total."""
+    return lambda total: stream.watch(bar(total))
 
 
 def early_pool(items: list[Item], options: Options, rerun: bool):
