@@ -232,7 +232,20 @@ def fitted(data: bytes, image: Image.Image, budget: int):
             return None
     if any(k == b"clap" for k, _ in turns[1:]):
         return None  # a crop after a turn: rare, left to libheif
-    planes = _canvas(data, tree, info.get("tiling"))
+    swap = sum(p[0] & 1 for k, p in turns if k == b"irot") % 2 == 1
+    tiling = info.get("tiling")
+    if (
+        tiling and swap
+    ):  # libheif describes the grid turned, as it shows it; the tiles are stored unturned
+        tiling = {
+            "num_columns": tiling["num_rows"],
+            "num_rows": tiling["num_columns"],
+            "tile_width": tiling["tile_height"],
+            "tile_height": tiling["tile_width"],
+            "image_width": tiling["image_height"],
+            "image_height": tiling["image_width"],
+        }
+    planes = _canvas(data, tree, tiling)
     if planes is None:
         return None
     y, u, v = planes
@@ -246,7 +259,6 @@ def fitted(data: bytes, image: Image.Image, budget: int):
         v = v[top // 2 : (top + ch + 1) // 2, left // 2 : (left + cw + 1) // 2]
         turns = turns[1:]
         height, width = ch, cw
-    swap = sum(p[0] & 1 for k, p in turns if k == b"irot") % 2 == 1
     if (height, width)[:: -1 if swap else 1] != (image.height, image.width):
         return None  # not the image libheif describes
     orientation = image.getexif().get(0x0112, 1)
@@ -281,8 +293,8 @@ def fitted(data: bytes, image: Image.Image, budget: int):
                         angle - 1
                     ]
                 )
-        else:  # imir: axis 0 mirrors about a vertical axis (left-right), 1 about a horizontal one
+        else:  # imir: axis 0 turns the image upside down, 1 left to right (as libheif reads it)
             rgb = rgb.transpose(
-                Image.Transpose.FLIP_TOP_BOTTOM if payload[0] & 1 else Image.Transpose.FLIP_LEFT_RIGHT
+                Image.Transpose.FLIP_LEFT_RIGHT if payload[0] & 1 else Image.Transpose.FLIP_TOP_BOTTOM
             )
     return rgb, orientation, (up_h, up_w), (width, height)
