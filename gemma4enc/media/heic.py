@@ -115,6 +115,47 @@ def items(data: bytes) -> dict:
     return {"id": primary, "type": types.get(primary), "tiles": tiles, "props": mine}
 
 
+def _uint(data: bytes, at: int, size: int) -> int:
+    return int.from_bytes(data[at : at + size], "big")
+
+
+def extents_present(data: bytes, wanted: list[int]) -> bool:
+    """Whether every byte the iloc box gives these items lies inside the file: a cut file's last
+    tiles would otherwise reach FFmpeg short, and it conceals what is missing without a word."""
+    s, e = _child(data, 0, len(data), b"meta")
+    at, _ = _child(data, s + 4, e, b"iloc")
+    version = data[at]
+    at += 4
+    offset_size, length_size = data[at] >> 4, data[at] & 15
+    base_size, index_size = data[at + 1] >> 4, (data[at + 1] & 15 if version in (1, 2) else 0)
+    at += 2
+    wide = version >= 2
+    count = _uint(data, at, 4 if wide else 2)
+    at += 4 if wide else 2
+    found = set()
+    for _ in range(count):
+        item = _uint(data, at, 4 if wide else 2)
+        at += 4 if wide else 2
+        method = 0
+        if version in (1, 2):
+            method = _uint(data, at, 2) & 15
+            at += 2
+        at += 2  # data_reference_index
+        base = _uint(data, at, base_size)
+        at += base_size
+        extents = _uint(data, at, 2)
+        at += 2
+        for _ in range(extents):
+            at += index_size
+            offset = _uint(data, at, offset_size)
+            length = _uint(data, at + offset_size, length_size)
+            at += offset_size + length_size
+            if item in wanted and (method != 0 or base + offset + length > len(data)):
+                return False
+        found.add(item)
+    return all(i in found for i in wanted)
+
+
 def _planes(frame):
     """A decoded yuv420p frame's Y, U, V as uint8 arrays (line padding dropped)."""
     out = []
@@ -137,6 +178,8 @@ def _canvas(data: bytes, tree: dict, tiling: dict | None):
         order = [tree["id"]]
     else:
         return None
+    if not extents_present(data, order):
+        return None  # truncated (pillow-heif then says what it says), or data not in the file
     with av.open(io.BytesIO(data), "r") as container:
         streams = {s.id: s for s in container.streams.video}
         if any(i not in streams for i in order):
