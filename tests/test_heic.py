@@ -11,10 +11,10 @@ from PIL import Image
 pillow_heif = pytest.importorskip("pillow_heif")
 pytest.importorskip("av")
 
-from gemma4enc.dev.camera import camera_photo  # noqa: E402
-from gemma4enc.media import heic  # noqa: E402
-from gemma4enc.media.image import decode_image  # noqa: E402
-from gemma4enc.media.patches import patchify  # noqa: E402
+from gemma4enc.dev.camera import camera_photo
+from gemma4enc.media import heic
+from gemma4enc.media.image import decode_image
+from gemma4enc.media.patches import patchify
 
 MAX = 89_478_485
 
@@ -136,3 +136,13 @@ def test_a_grid_cut_short_is_not_decoded_by_ffmpeg(tmp_path):
     except Exception:  # noqa: BLE001 - libheif's own verdict on the cut file
         return
     assert "backend" not in frames.info
+
+
+def test_without_nclx_the_streams_own_colour_is_taken(tmp_path, monkeypatch):
+    monkeypatch.setattr(pillow_heif.options, "SAVE_NCLX_PROFILE", False)
+    path = _save(tmp_path / "plain.heic", (640, 480), seed=8)
+    monkeypatch.undo()
+    assert Image.open(path).info.get("nclx_profile") is None  # no colr nclx in the file
+    info, psnr = _compare(path, 70)
+    assert info["backend"] == "pyav"
+    assert 45 <= psnr < float("inf")

@@ -167,7 +167,8 @@ def _planes(frame):
 
 
 def _canvas(data: bytes, tree: dict, tiling: dict | None):
-    """The primary image's Y, U, V planes, tiles placed and cropped to the grid's size, or None."""
+    """The primary image's Y, U, V planes, tiles placed and cropped to the grid's size, and the
+    stream's (matrix, full range); or None."""
     import av
 
     if tree["type"] == b"grid":
@@ -195,8 +196,11 @@ def _canvas(data: bytes, tree: dict, tiling: dict | None):
             f.format.name not in ("yuv420p", "yuvj420p") for f in frames.values()
         ):
             return None
+        first = frames[order[0]]
+        # the stream's VUI colour: AVColorSpace numbers are nclx's; AVColorRange 1 limited, 2 full
+        vui = (first.colorspace, {1: False, 2: True}.get(first.color_range))
         if tree["type"] == b"hvc1":
-            return _planes(frames[order[0]])
+            return (*_planes(first), vui)
         cols, rows = tiling["num_columns"], tiling["num_rows"]
         tw, th = tiling["tile_width"], tiling["tile_height"]
         if tw % 2 or th % 2:
@@ -214,7 +218,7 @@ def _canvas(data: bytes, tree: dict, tiling: dict | None):
             u[r * th // 2 : (r + 1) * th // 2, c * tw // 2 : (c + 1) * tw // 2] = pu
             v[r * th // 2 : (r + 1) * th // 2, c * tw // 2 : (c + 1) * tw // 2] = pv
     w, h = tiling["image_width"], tiling["image_height"]
-    return y[:h, :w], u[: (h + 1) // 2, : (w + 1) // 2], v[: (h + 1) // 2, : (w + 1) // 2]
+    return y[:h, :w], u[: (h + 1) // 2, : (w + 1) // 2], v[: (h + 1) // 2, : (w + 1) // 2], vui
 
 
 def _clap(payload: bytes, width: int, height: int):
@@ -261,11 +265,12 @@ def fitted(data: bytes, image: Image.Image, budget: int):
     """
     info = image.info
     nclx = info.get("nclx_profile")
-    if info.get("bit_depth") != 8 or info.get("chroma") != 420 or not nclx:
+    if info.get("bit_depth") != 8 or info.get("chroma") != 420:
         return None
-    matrix, full = nclx.get("matrix_coefficients"), bool(nclx.get("full_range_flag"))
-    if matrix not in MATRICES:
-        return None
+    if nclx:
+        matrix, full = nclx.get("matrix_coefficients"), bool(nclx.get("full_range_flag"))
+        if matrix not in MATRICES:
+            return None
     tree = items(data)
     turns = []  # the primary item's transforms, in association order
     for kind, payload, essential in tree["props"]:
@@ -277,9 +282,7 @@ def fitted(data: bytes, image: Image.Image, budget: int):
         return None  # a crop after a turn: rare, left to libheif
     swap = sum(p[0] & 1 for k, p in turns if k == b"irot") % 2 == 1
     tiling = info.get("tiling")
-    if (
-        tiling and swap
-    ):  # libheif describes the grid turned, as it shows it; the tiles are stored unturned
+    if tiling and swap:  # libheif gives the grid turned, as it shows it; the tiles are stored unturned
         tiling = {
             "num_columns": tiling["num_rows"],
             "num_rows": tiling["num_columns"],
@@ -291,7 +294,11 @@ def fitted(data: bytes, image: Image.Image, budget: int):
     planes = _canvas(data, tree, tiling)
     if planes is None:
         return None
-    y, u, v = planes
+    y, u, v, vui = planes
+    if not nclx:  # no colr nclx: libheif takes the HEVC stream's own (its VUI), as FFmpeg read it
+        matrix, full = vui
+        if matrix not in MATRICES or full is None:
+            return None
     height, width = y.shape
     if turns and turns[0][0] == b"clap":
         left, top, cw, ch = _clap(turns[0][1], width, height)
