@@ -78,10 +78,12 @@ def test_every_orientation_comes_out_upright(tmp_path, orientation):
     assert (info["width"] > info["height"]) == (orientation < 5)  # upright is landscape
 
 
-def test_a_grid_turned_and_odd_sized(tmp_path):
-    path = _save(tmp_path / "gt.heic", (1203, 901), seed=3, orientation=6, tile_size=512)
+@pytest.mark.parametrize("orientation", [6, 2, 7])  # irot, imir, both
+def test_a_grid_turned_and_odd_sized(tmp_path, orientation):
+    path = _save(tmp_path / "gt.heic", (1203, 901), seed=3, orientation=orientation, tile_size=512)
+    assert heic.items(path.read_bytes())["type"] == b"grid"
     info, psnr = _compare(path, 280)
-    assert info["backend"] == "pyav" and info["height"] > info["width"]
+    assert info["backend"] == "pyav" and (info["height"] > info["width"]) == (orientation >= 5)
     assert 45 <= psnr < float("inf")
 
 
