@@ -84,7 +84,8 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
                     rgb = to_rgb(ImageOps.exif_transpose(image))
                     decoded = rgb.size
                 else:
-                    rgb, decoded = _fitted(image, fit)
+                    fast = _heic(path, image, fit) if image.format == "HEIF" else None
+                    rgb, decoded = fast or _fitted(image, fit)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise DecodeError(Status.TOO_LARGE, f"{e} (raise --max-image-pixels to allow it)") from None
     except Image.UnidentifiedImageError:
@@ -104,7 +105,34 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated, corrupt, bad header
         raise DecodeError(Status.DECODE_ERROR, f"{type(e).__name__}: {e}") from None
     info = {"width": rgb.width, "height": rgb.height, "source_frames": frames, "decoded": list(decoded)}
+    if fit is not None and fast:
+        info["backend"] = "pyav"  # FFmpeg's HEVC decoder, not libheif's
     return Frames(images=[rgb], info=info)
+
+
+def _heic(path, image: Image.Image, budget: int) -> tuple[Fitted, tuple[int, int]] | None:
+    """--resize fast, HEIC: the tiles through FFmpeg's HEVC decoder (media/heic.py), turned by
+    the EXIF orientation as _fitted does; None (pillow-heif decodes then) for anything it does
+    not take or any failure: a file libheif can read is never lost to this shortcut."""
+    try:
+        from . import heic
+
+        if isinstance(path, str):
+            with open(path, "rb") as f:
+                data = f.read()
+        else:
+            path.seek(0)
+            data = path.read()
+            path.seek(0)
+        got = heic.fitted(data, image, budget)
+    except Exception:  # noqa: BLE001 - every failure falls back to libheif, which says its own
+        return None
+    if got is None:
+        return None
+    rgb, orientation, (height, width), decoded = got
+    if orientation in UPRIGHT:
+        rgb = rgb.transpose(UPRIGHT[orientation])
+    return Fitted(rgb, height, width), decoded
 
 
 # EXIF orientation -> the transpose that turns the stored pixels upright (as ImageOps.exif_transpose)
