@@ -285,3 +285,19 @@ def test_settings_are_recorded_once_and_only_output_shaping_ones_must_match(tmp_
     prepare_out(out, Options(dtype="float32", sampling=Sampling(frames=4), seek="keyframe"))
     write_settings(out, Options(dtype="bfloat16"))  # recorded once: a later run only checks
     assert json.loads((out / "settings.json").read_text()) == recorded
+
+
+def test_a_tar_member_still_in_its_tar_has_not_moved_away(tmp_path):
+    """Adoption's 'is the old one gone?' asks the tar (or the store) of a member or a URL: a stat of
+    TAR/MEMBER, which no file system holds, would call every such row gone and adopt it."""
+    import tarfile
+
+    from gemma4enc.output.todo import _moved_away
+
+    photo(8, 8).save(tmp_path / "a.jpg")
+    for name in ("one.tar", "two.tar"):
+        with tarfile.open(tmp_path / name, "w") as tar:
+            tar.add(tmp_path / "a.jpg", arcname="a.jpg")
+    assert not _moved_away(str(tmp_path / "one.tar" / "a.jpg"), str(tmp_path / "two.tar" / "a.jpg"))
+    (tmp_path / "one.tar").unlink()
+    assert _moved_away(str(tmp_path / "one.tar" / "a.jpg"), str(tmp_path / "two.tar" / "a.jpg"))

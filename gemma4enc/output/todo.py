@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..media import remote
 from ..media.discover import look
 from ..media.kinds import DONE, Item
+from ..media.sources import exists
 from ..options import Options
 from ..rows import Status
 from .files import append_rows
@@ -152,8 +154,11 @@ def _moved_away(old: str, new: str) -> bool:
     """True when `old` is gone or is `new` under another name (a root reached through a symlink).
 
     A file still at its old path is another file: two dataset splits extracted from one archive
-    share names, sizes and mtimes, and only their content tells them apart (--hash).
+    share names, sizes and mtimes, and only their content tells them apart (--hash). A URL or a
+    tar's member is asked of its store or its tar: a local stat would call it gone.
     """
+    if remote.is_url(old) or remote.is_url(new) or ".tar/" in old:
+        return not exists(old)
     try:
         return os.path.samefile(old, new)
     except FileNotFoundError:
