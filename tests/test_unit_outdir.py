@@ -301,3 +301,9 @@ def test_a_tar_member_still_in_its_tar_has_not_moved_away(tmp_path):
     assert not _moved_away(str(tmp_path / "one.tar" / "a.jpg"), str(tmp_path / "two.tar" / "a.jpg"))
     (tmp_path / "one.tar").unlink()
     assert _moved_away(str(tmp_path / "one.tar" / "a.jpg"), str(tmp_path / "two.tar" / "a.jpg"))
+    fsspec = pytest.importorskip("fsspec")
+    with fsspec.open("memory://split-a/a.jpg", "wb") as f:  # a URL input still in its store
+        f.write((tmp_path / "a.jpg").read_bytes())
+    assert not _moved_away("memory://split-a/a.jpg", "memory://split-b/a.jpg")
+    fsspec.filesystem("memory").rm("memory://split-a/a.jpg")
+    assert _moved_away("memory://split-a/a.jpg", "memory://split-b/a.jpg")
