@@ -143,6 +143,10 @@ def test_a_503_is_retried_and_the_write_lands(fs, direct, proxy):
     fs.pipe(f"{BUCKET}/slow/shard-0.bin", b"data")
     fs.pipe(f"{BUCKET}/slow/other.bin", b"more")
     assert [s.how for s in _puts(proxy, "shard-0")] == ["503", "503", "forward"]
+    # botocore retried (it numbers its attempts), not s3fs around it
+    attempts = [s.headers["amz-sdk-request"] for s in _puts(proxy, "shard-0")]
+    assert [next(a for a in h.split("; ") if a.startswith("attempt=")) for h in attempts] == [
+        "attempt=1", "attempt=2", "attempt=3"]
     assert [s.how for s in _puts(proxy, "other")] == ["forward"]
     assert rule.fired == proxy.fired["503"] == 2
     assert direct.cat(f"{BUCKET}/slow/shard-0.bin") == b"data"
@@ -163,7 +167,9 @@ def test_a_dropped_upload_writes_nothing(quick, fs, direct, proxy):
     proxy.fail(method="PUT", match="dropped", how="drop_upload")
     with pytest.raises(DROPPED):
         quick.pipe(f"{BUCKET}/dropped.bin", os.urandom(100_000))
-    assert proxy.fired["drop_upload"] == 2  # aiohttp sent the PUT again once by itself
+    # aiohttp sent the PUT again once by itself: botocore numbers both its first attempt
+    assert [s.headers["amz-sdk-request"] for s in _puts(proxy, "dropped")] == ["attempt=1"] * 2
+    assert proxy.fired["drop_upload"] == 2
     assert not direct.exists(f"{BUCKET}/dropped.bin")
     proxy.clear()
     proxy.fail(method="PUT", match="dropped", how="drop_upload", times=1)
