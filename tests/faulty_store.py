@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import socket
 import threading
 import uuid
 from collections import Counter, namedtuple
@@ -77,6 +78,7 @@ class FaultyProxy:
         self.log: list[Seen] = []  # every request, in order
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
+        self.open: set[socket.socket] = set()  # client connections now held, kept alive or busy
 
     def fail(self, how: str, method: str | None = None, match: str | None = None,
              times: int | None = None, every: int = 1) -> Rule:
@@ -119,8 +121,14 @@ class FaultyProxy:
         return self
 
     def stop(self) -> None:
+        """Stop listening and cut the kept-alive connections, which would go on being served."""
         self.server.shutdown()
         self.server.server_close()
+        for sock in list(self.open):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # the client closed it already
+                pass
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -129,6 +137,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):  # quiet: the proxy's own log is proxy.log
         pass
+
+    def setup(self):
+        super().setup()
+        self.proxy.open.add(self.connection)
+
+    def finish(self):
+        self.proxy.open.discard(self.connection)
+        super().finish()
 
     def handle_one_request(self):
         # BaseHTTPRequestHandler dispatches on do_<METHOD>; one handler serves them all.

@@ -140,6 +140,19 @@ def test_a_chunked_upload_and_keep_alive_pass_through(proxy, direct):
     conn.close()
 
 
+def test_stop_cuts_kept_alive_connections(moto_url):
+    proxy = FaultyProxy(moto_url).start()
+    conn = http.client.HTTPConnection(proxy.url.removeprefix("http://"), timeout=30)
+    conn.request("GET", f"/{BUCKET}", headers=AUTH)
+    assert conn.getresponse().read() and proxy.seen["GET"] == 1
+    proxy.stop()
+    with pytest.raises((http.client.HTTPException, OSError)):
+        conn.request("GET", f"/{BUCKET}", headers=AUTH)
+        conn.getresponse()
+    assert proxy.seen["GET"] == 1
+    conn.close()
+
+
 def test_a_503_is_retried_and_the_write_lands(fs, direct, proxy):
     rule = proxy.fail(method="PUT", match="shard-", times=2, how="503")
     fs.pipe(f"{BUCKET}/slow/shard-0.bin", b"data")
