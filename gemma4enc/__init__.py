@@ -13,13 +13,32 @@ def open(out, framework: str = "pt"):  # noqa: A001 - the reader's natural name,
     `emb.mm_encoder_outputs(paths, model=…)` for Gemma 4, `emb.pooled_matrix()` for search.
 
     framework="pt": torch tensors in the stored dtype; "numpy": float32 numpy arrays (lookups, frames,
-    pooled), no torch needed."""
-    if framework == "numpy":
-        from .output.npreader import NumpyEmbeddings
-
-        return NumpyEmbeddings(out)
-    if framework != "pt":
+    pooled), no torch needed. `out` may be a URL (s3://…): its manifest is read into a temp folder,
+    each shard fetched when first read, all removed when the reader is."""
+    if framework not in ("pt", "numpy"):
         raise ValueError(f"framework {framework!r}: use 'pt' or 'numpy'")
-    from .output.reader import Embeddings
+    if framework == "numpy":
+        from .output.npreader import NumpyEmbeddings as reader
+    else:
+        from .output.reader import Embeddings as reader
+    from .media.remote import is_url
 
-    return Embeddings(out)
+    if not is_url(str(out)):
+        return reader(out)
+    import weakref
+
+    from .output.mirror import Mirror
+
+    mirror = Mirror(str(out)).pull()
+    try:
+        if not mirror.found:
+            from .output.files import not_an_output
+
+            raise FileNotFoundError(not_an_output(mirror.url))
+        emb = reader(mirror.path)
+    except BaseException:
+        mirror.close()
+        raise
+    weakref.finalize(emb, mirror.close)
+    emb.url = mirror.url
+    return emb

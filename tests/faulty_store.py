@@ -11,6 +11,8 @@ with `fail()` picks the request. Each fault models one thing a real object store
 - "drop_reply": forward the request, read the store's whole answer, then close the socket without
   sending it: the write happened but the client never heard, so a retried PUT meets its own object
   (this is where a retried create must be idempotent).
+- "ignore_conditions": forward the request without its If-None-Match / If-Match: a store that
+  does not honour conditional writes (some S3 compatibles), where a create overwrites.
 
     proxy = FaultyProxy("http://127.0.0.1:PORT").start()
     proxy.fail(method="PUT", match="shard-", times=2, how="503")   # the first 2 PUTs on shard-*
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-FAULTS = ("503", "drop_upload", "drop_reply")
+FAULTS = ("503", "drop_upload", "drop_reply", "ignore_conditions")
+CONDITIONS = {"if-none-match", "if-match"}
 # Hop-by-hop headers belong to one connection, not to the message: each side sets its own. A request's
 # Transfer-Encoding is kept (its body goes on still chunked); its Expect was answered here already.
 HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
@@ -162,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self.slow_down()
         conn = http.client.HTTPConnection(*self.proxy.upstream, timeout=60)
         try:
-            reply = self.forward(conn, body)
+            reply = self.forward(conn, body, drop=CONDITIONS if how == "ignore_conditions" else set())
             if how == "drop_reply":
                 reply.read()  # the store has done the write; the client never hears of it
                 self.close_connection = True
@@ -199,10 +202,10 @@ class _Handler(BaseHTTPRequestHandler):
             if line in (b"\r\n", b"\n", b""):
                 return b"".join(raw)
 
-    def forward(self, conn: http.client.HTTPConnection, body: bytes) -> http.client.HTTPResponse:
+    def forward(self, conn: http.client.HTTPConnection, body: bytes, drop=frozenset()) -> http.client.HTTPResponse:
         conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
         for name, value in self.headers.items():
-            if name.lower() not in HOP_REQUEST:
+            if name.lower() not in HOP_REQUEST and name.lower() not in drop:
                 conn.putheader(name, value)
         conn.endheaders(body or None)
         return conn.getresponse()

@@ -192,15 +192,19 @@ def test_file_urls_are_walked_like_the_folder(good):
     assert all(abs(u.mtime_ns - i.mtime_ns) < 1000 for u, i in zip(by_url, local))
 
 
-def test_ray_actors_read_urls_and_tars(s3, good, ckpt, tmp_path):
-    """--engine ray over an s3:// folder and an s3:// tar: the actors read them through s3fs (OUT
-    is still a folder every node sees); tokens equal the local engine's, a re-run encodes nothing."""
+def test_ray_actors_read_urls_and_tars_and_write_an_s3_out(s3, good, ckpt, tmp_path):
+    """--engine ray from an s3:// folder and an s3:// tar to an s3:// OUT, no shared folder: the
+    actors read their inputs and upload their shards through s3fs, the driver writes the parts;
+    tokens equal the local engine's, a re-run encodes nothing."""
     pytest.importorskip("ray")
+    import gemma4enc
+    from gemma4enc.commands.cli import app
+
     s3.put(str(good), f"{BUCKET}/forray", recursive=True)
     _shard(tmp_path / "s.tar", [(f"{i:06d}", p) for i, p in enumerate(sorted(good.iterdir())[:2])])
     s3.put(str(tmp_path / "s.tar"), f"{BUCKET}/forray-tar/s.tar")
     roots = [f"s3://{BUCKET}/forray", f"s3://{BUCKET}/forray-tar/s.tar"]
-    local, out = tmp_path / "local", tmp_path / "ray"
+    local, out = tmp_path / "local", f"s3://{BUCKET}/forray-out"
     args = ["--model", ckpt, *BASE, "--workers", "0"]
     assert encode([*roots, "-o", local, *args]).exit_code == 0
     ray = ["--engine", "ray", "--ray-actors", "2", "--task-files", "3"]
@@ -208,10 +212,17 @@ def test_ray_actors_read_urls_and_tars(s3, good, ckpt, tmp_path):
     summary = _summary(result)
     assert summary["engine"] == "ray" and summary["encoded"] == 8, result.output
     _, want = shard_tokens(local)
-    rows, got = shard_tokens(out)
+    emb = gemma4enc.open(out)
+    got = {p: emb[p] for p, _ in emb.ok_rows()}
     assert set(got) == set(want) and len(got) == 8
     assert all(close(got[p], want[p], 1e-5) for p in want)
-    assert sum("sidecar" in r for r in rows) == 2 and verify(out)["ok"]
+    assert sum("sidecar" in emb.row(p) for p in got) == 2
+    names = [n.rsplit("/", 1)[-1] for n in s3.ls(f"{BUCKET}/forray-out")]
+    assert sum(n.startswith("shard-") for n in names) == 3  # one per task of 3 files: 8 files
+    parts = s3.ls(f"{BUCKET}/forray-out/manifest.parts")
+    assert len(parts) == 3 and all(p.endswith(".jsonl") for p in parts)  # one part per task
+    checked = RUN.invoke(app, ["verify", out])
+    assert checked.exit_code == 0, checked.output
     again = _summary(encode([*roots, "-o", out, *args, *ray]))
     assert (again["encoded"], again["done_before"]) == (0, 8)
 

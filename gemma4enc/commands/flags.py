@@ -13,7 +13,11 @@ Arg, Opt = typer.Argument, typer.Option
 Roots = Annotated[
     list[str], Arg(help="Folders, files, URLs (s3://…) or WebDataset .tar shards (docs/remote.md).")
 ]
-Out = Annotated[Path, Opt("--out", "-o", help="Output folder for shards and manifest.")]
+# str, not Path: a Path would fold the // of s3://bucket/prefix
+Out = Annotated[
+    str,
+    Opt("--out", "-o", metavar="OUT", help="Output folder for shards and manifest, or a URL (s3://…)."),
+]
 Model = Annotated[str, Opt(help="Checkpoint folder (HF layout) or hub id (its vision tensors only).")]
 Revision = Annotated[Optional[str], Opt(help="A hub id's branch, tag or commit (default: main).")]
 Dtype = Annotated[str, Opt(help="Tower dtype: auto, float32, bfloat16 or float16.")]
@@ -83,7 +87,9 @@ RayActors = Annotated[
 TaskFiles = Annotated[
     int, Opt("--task-files", help="With ray: files per task (handed out and retried whole).")
 ]
-OutFolder = Annotated[Path, Arg(help="An output folder of gemma4enc encode.")]
+OutFolder = Annotated[
+    str, Arg(help="An output folder of gemma4enc encode, or its URL (s3://…).")
+]
 Json = Annotated[bool, Opt("--json", help="Print a JSON summary on stdout.")]
 Quiet = Annotated[bool, Opt("--quiet", "-q", help="No progress or messages on stderr.")]
 LogFile = Annotated[

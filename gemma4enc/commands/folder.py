@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,6 +11,7 @@ import typer
 from ..errors import UsageError
 from ..options import Options, parse_size
 from ..output.files import not_an_output
+from ..output.mirror import local_out, locked_out
 from .app import command
 from .flags import Json, OutFolder, Quiet
 from .log import Bar
@@ -22,7 +22,8 @@ def inspect(out: OutFolder, json_out: Json = False):
     """Summarise an output folder: files by status, shards, tokens, failures."""
     from .report import inspect_report
 
-    report = inspect_report(out)
+    with local_out(out, need=True) as folder:
+        report = inspect_report(folder) | {"out": str(out)}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -46,10 +47,12 @@ def verify(
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
     from .report import verify as check
 
-    report = check(out)
+    with local_out(out, need=True) as folder:
+        report = check(folder) | {"out": str(out)}
     if repair and report["bad_shards"]:
         repaired = _repair(out, report["bad_shards"])
-        report = check(out) | {"repaired": repaired}
+        with local_out(out, need=True) as folder:
+            report = check(folder) | {"out": str(out), "repaired": repaired}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -65,20 +68,22 @@ def verify(
     raise typer.Exit(0 if report["ok"] else 1)
 
 
-def _repair(out: Path, shards: list[str]) -> int:
+def _repair(out: str, shards: list[str]) -> int:
     """Supersede the rows into these shards, then encode their files again (with the settings OUT
     records, through the same function as encode); returns how many were asked for."""
 
+    from ..media.sources import exists
     from ..output.ledger import Ledger
-    from ..output.lock import Lock
     from ..output.repair import LOST, mark_lost
     from ..run.encode import encode as run_encode
 
-    with Lock(out):
-        ledger = Ledger.load(out)
-        mark_lost(out, set(shards), ledger)
+    with locked_out(out) as (folder, mirror):
+        ledger = Ledger.load(folder)
+        mark_lost(folder, set(shards), ledger)
+        if mirror is not None:
+            mirror.push()
         paths = [p for p, e in ledger.entries() if e.status == LOST]
-    there = [p for p in paths if os.path.lexists(p)]  # a gone input keeps its lost row; verify says so
+    there = [p for p in paths if exists(p)]  # a gone input keeps its lost row; verify says so
     if there:
         run_encode(there, out)  # its rows say how each file went; the second verify tells
     return len(paths)
@@ -96,15 +101,18 @@ def compact(
     """Rewrite the manifest with one row per file (the latest), under OUT's lock."""
     from ..output.compact import compact as rewrite
     from ..output.ledger import Ledger
-    from ..output.lock import Lock
     from ..output.repair import repair
 
-    if not (out / "manifest.jsonl").exists():
-        raise UsageError(not_an_output(out))
-    with Lock(out):
-        ledger = Ledger(out)  # read once, by repair; compact reads on from there
-        notes = repair(out, ledger)
-        report = rewrite(out, ledger, prune=prune) | {"notes": notes}
+    if "://" not in out and not (Path(out) / "manifest.jsonl").exists():
+        raise UsageError(not_an_output(out))  # before the lock: it would create OUT's lock file
+    with locked_out(out) as (folder, mirror):
+        if not (folder / "manifest.jsonl").exists():
+            raise UsageError(not_an_output(out))
+        ledger = Ledger(folder)  # read once, by repair; compact reads on from there
+        notes = (mirror.repair if mirror else repair)(folder, ledger)
+        report = rewrite(folder, ledger, prune=prune) | {"notes": notes, "out": str(out)}
+        if mirror is not None:
+            mirror.commit_compaction()  # the merged manifest replaces the store's parts
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -171,17 +179,18 @@ def export(
     """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
     from ..output.export import export as run_export
 
-    report = run_export(
-        out,
-        to,
-        dest,
-        dtype,
-        per_frame,
-        normalize,
-        rows_per_file,
-        parse_size(file_size, "--file-size"),
-        overwrite,
-    )
+    with local_out(out, need=True) as folder:
+        report = run_export(
+            folder,
+            to,
+            dest,
+            dtype,
+            per_frame,
+            normalize,
+            rows_per_file,
+            parse_size(file_size, "--file-size"),
+            overwrite,
+        )
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -231,7 +240,8 @@ def search(
         raise UsageError("give FILES to search for, or --duplicates (not both)")
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
     if dups:
-        report = duplicates(out, threshold, log=say)
+        with local_out(out, need=True) as folder:
+            report = duplicates(folder, threshold, log=say) | {"out": str(out)}
         if json_out:
             typer.echo(json.dumps(report, indent=2))
         else:
@@ -241,7 +251,8 @@ def search(
             )
         return
     Options(device=device)  # a bad --device is refused before the index is read
-    report = find(out, files, k, device, bar=lambda n: Bar(n, True), log=say)
+    with local_out(out, need=True) as folder:
+        report = find(folder, files, k, device, bar=lambda n: Bar(n, True), log=say) | {"out": str(out)}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:

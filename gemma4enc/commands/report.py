@@ -18,9 +18,10 @@ from ..media import webdataset
 from ..media.kinds import Item
 from ..media.sources import exists
 from ..options import DEFAULT_FRAMES, OUT_DTYPES, Options, Sampling
-from ..output.files import MANIFEST, SHARD_RE, TEMP_RE, not_an_output
+from ..output.files import MANIFEST, TEMP_RE, not_an_output
 from ..output.ledger import Ledger
 from ..output.lock import running
+from ..output.mirror import fetched, shard_names
 from ..output.settings import SETTINGS
 from ..rows import Status
 
@@ -117,7 +118,7 @@ def inspect_report(out: Path) -> dict:
         if e.status != Status.OK and len(failed) < 20:
             failed.append(e.offset)
     named = ledger.shards()
-    on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
+    on_disk = shard_names(out)
     failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in ledger.rows_at(failed)]
     return {
         "out": str(out),
@@ -148,7 +149,7 @@ def verify(out: Path) -> dict:
         )
     by_shard, unplaced = ledger.ok_by_shard()  # shard → offsets of the rows that point into it (numpy)
     problems += [f"{path}: status ok but no shard/index" for path in unplaced]
-    on_disk = {p.name for p in out.iterdir() if SHARD_RE.match(p.name)}
+    on_disk = shard_names(out)
     missing = sorted(set(by_shard) - on_disk)
     orphans = sorted(on_disk - set(by_shard))
     problems += [f"{name}: named by {len(by_shard[name])} row(s) but missing" for name in missing]
@@ -163,9 +164,10 @@ def verify(out: Path) -> dict:
     tokens = 0
     bad = set(missing)
     for name in sorted(set(by_shard) & on_disk):
-        found, n = check_shard(
-            out / name, list(ledger.rows_at(by_shard[name].tolist(), rising=False)), settings
-        )
+        with fetched(out, name) as path:
+            found, n = check_shard(
+                path, list(ledger.rows_at(by_shard[name].tolist(), rising=False)), settings
+            )
         problems += [f"{name}: {p}" for p in found]
         tokens += n
         bad |= {name} if found else set()

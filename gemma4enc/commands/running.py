@@ -65,7 +65,7 @@ from .log import Bar
 @command(epilog=EPILOG)
 def encode(
     roots: Roots = None,
-    out: Out = Path("embeddings"),
+    out: Out = "embeddings",
     model: Model = DEFAULT.model,
     revision: Revision = DEFAULT.revision,
     dtype: Dtype = DEFAULT.dtype,
@@ -175,7 +175,10 @@ def encode(
             bar=lambda n: Bar(n, quiet, say),
             log=lambda m: say(f"gemma4enc: {m}"),
         )
-        shards = [p.stat().st_size for p in Path(out).glob("shard-*.safetensors")]
+        # OUT at a URL: what its store listed at the end of the run
+        shards = report.pop("shard_sizes", None) or [
+            p.stat().st_size for p in Path(out).glob("shard-*.safetensors")
+        ]
         say(
             f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}",
             stamp=True,
@@ -238,10 +241,11 @@ def plan(
     ] = 1536,
     out_dtype: OutDtype = DEFAULT.out_dtype,
     out: Annotated[
-        Optional[Path],
+        Optional[str],
         typer.Option(
             "--out",
             "-o",
+            metavar="OUT",
             help="Plan only what encode -o OUT has still to do, with the settings OUT records.",
         ),
     ] = None,
@@ -255,7 +259,14 @@ def plan(
     from ..output.settings import SETTINGS, read_settings
     from ..output.todo import Unchanged
 
-    saved = read_settings(out) if out else None  # -o OUT: planned with the settings OUT records
+    import contextlib
+
+    from ..output.mirror import local_out
+
+    # -o OUT: planned with the settings OUT records, against its manifest (read whole, here)
+    with local_out(out) if out else contextlib.nullcontext() as folder:
+        saved = read_settings(folder) if folder else None
+        ledger = Ledger.load(folder) if folder else None
     flags = dict(
         image_tokens=image_tokens,
         video_tokens=video_tokens,
@@ -265,7 +276,7 @@ def plan(
         out_dtype=out_dtype,
     )
     options, notes = Options.resume(
-        saved, flags, _given(ctx), where=str(out / SETTINGS) if out else SETTINGS
+        saved, flags, _given(ctx), where=f"{out}/{SETTINGS}" if out else SETTINGS
     )
     for note in notes:
         typer.echo(f"gemma4enc: {note}", err=True)
@@ -280,7 +291,6 @@ def plan(
             found.append(root)
         else:
             typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
-    ledger = Ledger.load(out) if out else None
     unchanged = Unchanged(ledger, Options()) if ledger else None  # as a run without --hash decides
     items, skipped = discover(
         found,

@@ -10,6 +10,7 @@ from ..errors import UsageError
 from ..media.sources import exists
 from .files import MANIFEST, SHARD_RE, atomic_write, line_of, not_an_output
 from .ledger import Ledger
+from .mirror import shard_file
 
 # a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
 # then the rewrite costs no more than the rows appended since the last one
@@ -92,6 +93,6 @@ def _rewrite_shards(
         if kept:
             new = LOCAL_NAME.format(number)
             number += 1
-            rewrite_shard(out / name, [i for i, _ in kept], out / new)
+            rewrite_shard(shard_file(out, name), [i for i, _ in kept], out / new)
             moved.update({off: {"shard": new, "index": j} for j, (_, off) in enumerate(kept)})
     return moved, hit

@@ -48,7 +48,7 @@ class Lock:
                     os.close(fd)
                     raise
                 holder = _read_json(fd)  # no flock here: trust a live pid on this host
-                if holder and holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
+                if holder and holder.get("host") == socket.gethostname() and alive(holder.get("pid")):
                     os.close(fd)
                     raise UsageError(
                         f"{self.path.parent} is in use by another gemma4enc run ({describe(holder)})"
@@ -99,12 +99,12 @@ def running(out: Path) -> str | None:
         holder = json.loads((Path(out) / LOCK).read_text() or "{}")
     except (OSError, ValueError):
         return None
-    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+    if holder.get("host") == socket.gethostname() and not alive(holder.get("pid")):
         return None
     return describe(holder)
 
 
-def _alive(pid) -> bool:
+def alive(pid) -> bool:
     try:
         os.kill(int(pid), 0)
     except (OSError, TypeError, ValueError) as e:

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..media.remote import is_url
 from ..rows import Row, Status
 from .files import MANIFEST, not_an_output
 from .ledger import Ledger
+from .mirror import shard_file
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
 
@@ -52,6 +54,12 @@ class Shard:
         if info["dtype"] == "BF16":
             return bf16_to_float32(data)
         return data.astype(np.float32) if info["dtype"] == "F16" else data
+
+
+def key_of(path) -> str:
+    """How the manifest keys a file: a URL as written, a local path made absolute."""
+    path = os.fspath(path)
+    return path if is_url(path) else os.path.abspath(path)
 
 
 class Rows:
@@ -88,12 +96,12 @@ class Rows:
         return (p for p, e in self.ledger.entries() if e.status == Status.OK)
 
     def __contains__(self, path) -> bool:
-        entry = self.ledger.get(os.path.abspath(path))
+        entry = self.ledger.get(key_of(path))
         return bool(entry and entry.status == Status.OK)
 
     def row(self, path) -> Row:
         """The manifest row of `path` (any status); KeyError for a path not in it."""
-        key = os.path.abspath(path)
+        key = key_of(path)
         if key not in self.ledger:
             raise KeyError(f"{path}: not in {self.out / MANIFEST}")
         return Row.from_json(self.ledger.row(key))
@@ -131,7 +139,7 @@ class NumpyEmbeddings(Rows):
 
     def _shard(self, path) -> tuple[dict, Shard]:
         row = self.ok_row(path)
-        return row, Shard(self.out / row["shard"])
+        return row, Shard(shard_file(self.out, row["shard"]))
 
     def _tokens_shard(self, path) -> tuple[dict, Shard]:
         row, shard = self._shard(path)
@@ -173,7 +181,7 @@ class NumpyEmbeddings(Rows):
             )
         matrix = None
         for name, members in by_shard.items():
-            shard = Shard(self.out / name)
+            shard = Shard(shard_file(self.out, name))
             if matrix is None:
                 matrix = np.empty((len(keys), shard.header["tokens"]["shape"][1]), np.float32)
             pooled = "pooled" in shard

@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..options import Options
 from .files import MANIFEST, SHARD_RE, TEMP_RE, atomic_write, temp_name
 from .ledger import Ledger
-from .repair import repair
+from .repair import repair as _local_repair
 
 SETTINGS = "settings.json"  # OUT's record of the settings that shape the output
 SEARCH_INDEX = ("search-index.faiss", "search-index.json")  # search's cache (search.py names them too)
@@ -47,11 +47,13 @@ def prepare_out(
     overwrite: bool = False,
     extra: dict | None = None,
     ledger: Ledger | None = None,
+    repair=None,
 ) -> list[str]:
     """Prove OUT writable, check its settings, clear a killed run's leftovers.
 
     Call with the lock held; `ledger` (OUT's manifest, read before the lock was taken) is brought
-    up to date. The settings are written by write_settings once the model has loaded: a run
+    up to date; `repair(out, ledger)` clears a killed run's leftovers (a store's own, where OUT is
+    a URL's mirror: output/mirror.py). The settings are written by write_settings once the model has loaded: a run
     that fails before leaves none that would refuse the corrected command.
     Returns notes for the log (what was cleaned up).
     """
@@ -85,7 +87,7 @@ def prepare_out(
                 f"{out} was made with other settings ({detail}); use another --out, "
                 "or --overwrite to replace its contents"
             )
-    return notes + repair(out, ledger)
+    return notes + (repair or _local_repair)(out, ledger)
 
 
 def write_settings(out: Path, options: Options, extra: dict | None = None) -> None:

@@ -70,7 +70,8 @@ class ShardWriter:
     """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows.
 
     Rows go to the manifest, or to `on_rows` (a Ray actor hands them to the driver, which owns
-    the manifest); shards are numbered on from the folder's highest, or named by `name(k)`.
+    the manifest); shards are numbered on from the folder's highest, or named by
+    `name(k)`. `publish(path)`, where given, takes each shard once it is written (OUT at a URL).
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class ShardWriter:
         flush_seconds: float = 60.0,
         name=None,
         on_rows=None,
+        publish=None,
     ):
         self.out, self.dtype = Path(out), getattr(torch, out_dtype)  # a name of options.OUT_DTYPES
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
@@ -90,6 +92,8 @@ class ShardWriter:
         self.pooled_only = metadata.get("store") == "pooled"
         self.out.mkdir(parents=True, exist_ok=True)
         self.on_rows = on_rows or (lambda rows: append_rows(self.out, rows))
+        # OUT at a URL: each shard goes to the store once written here, before its rows (mirror.py)
+        self.publish = publish
         if name is None:
             self.next_shard = next_shard_number(self.out)
             name = LOCAL_NAME.format
@@ -174,6 +178,8 @@ class ShardWriter:
                 atomic_write(
                     self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata)
                 )
+                if self.publish is not None:
+                    self.publish(self.out / name)
                 for index, p in enumerate(ok):
                     p.row = p.row.replace(shard=name, index=index)
             self.on_rows([p.row for p in pending])
@@ -211,7 +217,11 @@ class ShardWriter:
 
 
 def next_shard_number(out: Path) -> int:
-    """Local shards are numbered on from the folder's highest."""
+    """Local shards are numbered on from the folder's highest (the store's, for a URL's mirror)."""
+    from .mirror import MIRRORS
+
+    if Path(out) in MIRRORS:
+        return MIRRORS[Path(out)].next_shard()
     return 1 + max(
         (
             int(m.group(1))

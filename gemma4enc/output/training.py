@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
+from ..media.remote import is_url
 from . import gemma
+from .mirror import shard_file
 
 KINDS = ("image", "video")
 # where a chat-template media part names its file, in the order transformers' processors look
@@ -96,13 +98,13 @@ def _resolved(example: dict, root: Path | None) -> dict:
             parts = []
             for part in content:
                 if isinstance(part, dict) and part.get("type") in KINDS:
-                    path = Path(_source(part)).expanduser()
-                    part = {
-                        **part,
-                        "path": os.path.abspath(
-                            root / path if root and not path.is_absolute() else path
-                        ),
-                    }
+                    source = _source(part)
+                    path = Path(source).expanduser()
+                    if is_url(source):  # keyed as written (a Path would fold its //)
+                        resolved = source
+                    else:
+                        resolved = os.path.abspath(root / path if root and not path.is_absolute() else path)
+                    part = {**part, "path": resolved}
                 parts.append(part)
             m = {**m, "content": parts}
         messages.append(m)
@@ -148,7 +150,7 @@ def _headers(emb, shards: set[str]) -> dict[str, dict]:
 
     headers = {}
     for shard in sorted(shards):
-        with safe_open(str(emb.out / shard), framework="pt") as f:
+        with safe_open(str(shard_file(emb.out, shard)), framework="pt") as f:
             headers[shard] = f.metadata() or {}
     return headers
 

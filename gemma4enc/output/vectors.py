@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .npreader import Rows, Shard
+from .mirror import shard_file
 
 WINDOW = 1 << 12  # pooled rows read at once (stored rows between the wanted ones included)
 
@@ -60,7 +61,7 @@ def records(emb: Rows, per_frame: bool = False, tokens: bool = False, shards=Non
 
 def _open(emb: Rows, name: str) -> Shard:
     try:
-        return Shard(emb.out / name)
+        return Shard(shard_file(emb.out, name))
     except (OSError, ValueError) as e:
         raise UsageError(
             f"{emb.out / name}: {getattr(e, 'strerror', None) or e}; "

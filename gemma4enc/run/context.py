@@ -15,6 +15,7 @@ from ..options import Options
 
 if TYPE_CHECKING:
     from ..media.workers import DecodePool
+    from ..output.mirror import Mirror
 
 
 @dataclass(frozen=True)
@@ -28,3 +29,4 @@ class Run:
     pool: DecodePool | None = (
         None  # decode workers the caller started early (local engine), else the engine's own
     )
+    mirror: Mirror | None = None  # OUT at a URL: `out` is its local mirror, the store gets what is written

@@ -41,12 +41,63 @@ def encode(
     their defaults); `given`: the names the user gave. For the output-shaping settings not given,
     OUT/settings.json is read back (Options.resume), and what it changed is logged. The summary
     --json prints, with `skipped_not_media`."""
+    from ..media.remote import is_url
+
+    if is_url(str(out)):  # OUT in a store: the run works on a local mirror of it, under the store's lock
+        from ..output.mirror import Mirror
+
+        mirror = Mirror(str(out))
+        try:
+            with mirror.locked(overwrite) as held:
+                if held.lock.previous:
+                    (log or print)(
+                        f"took over the lock of an earlier run that is gone ({describe(held.lock.previous)})"
+                    )
+                report = _encode(
+                    roots,
+                    held.path,
+                    flags,
+                    given,
+                    files_from,
+                    null,
+                    include,
+                    exclude,
+                    hidden,
+                    overwrite,
+                    bar,
+                    log,
+                    held,
+                )
+                held.relist()
+        finally:
+            mirror.close()
+        return report | {"out": mirror.url, "shard_sizes": list(mirror.shards.values())}
+    return _encode(
+        roots, Path(out), flags, given, files_from, null, include, exclude, hidden, overwrite, bar, log
+    )
+
+
+def _encode(
+    roots,
+    out,
+    flags,
+    given,
+    files_from,
+    null,
+    include,
+    exclude,
+    hidden,
+    overwrite,
+    bar,
+    log,
+    mirror=None,
+) -> dict:
     from ..media.discover import discover_chunks
 
-    out = Path(out)
     log = log or (lambda message: None)
     saved = None if overwrite else read_settings(out)  # a re-run may omit the flags
-    options, notes = Options.resume(saved, flags or {}, given, where=str(out / SETTINGS))
+    shown = f"{mirror.url}/{SETTINGS}" if mirror is not None else str(out / SETTINGS)
+    options, notes = Options.resume(saved, flags or {}, given, where=shown)
     for note in notes:
         log(note)
     if not roots and not files_from:
@@ -76,6 +127,7 @@ def encode(
         ledger=ledger,
         unchanged=unchanged,
         more=None if counts.get("last") else chunks,
+        mirror=mirror,
     )
     return report | {"skipped_not_media": counts["skipped"]}
 
@@ -103,6 +155,7 @@ def encode_files(
     ledger: Ledger | None = None,
     unchanged: Unchanged | None = None,
     more=None,
+    mirror=None,
 ) -> dict:
     """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints.
 
@@ -111,11 +164,14 @@ def encode_files(
     their rows changed meanwhile).
     `more`: discovery's further chunks (discover_chunks), decided as the engine reaches them
     (run/stream.py); the Ray driver takes them all before it starts.
+    `mirror`: where OUT is a URL, its mirror (output/mirror.py), `out` its local folder, both
+    locked by the caller: shards and rows go on to the store as they are written.
     """
     from .preflight import can_wait, named, preflight
 
     out = Path(out)
     log = log or (lambda message: None)
+    where = mirror.url if mirror is not None else out  # OUT as the user named it, for messages
     rerun = not overwrite and (out / SETTINGS).exists()
     # a re-run into a folder a loaded model made checks the model and devices only if there is work
     deferred = rerun and can_wait(options)
@@ -138,7 +194,9 @@ def encode_files(
             if lock.previous:
                 log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
             ledger = ledger or Ledger(out)
-            for note in prepare_out(out, options, overwrite, extra, ledger):
+            for note in prepare_out(
+                out, options, overwrite, extra, ledger, repair=mirror.repair if mirror else None
+            ):
                 log(note)
             if unchanged is not None:
                 items = unchanged.again(items)
@@ -151,8 +209,6 @@ def encode_files(
                     items, todo, more, lambda chunk: still_to_do(chunk, out, options, ledger)
                 )
                 todo = stream.primed()
-                if todo and options.engine == "ray":
-                    todo = list(todo)  # the driver cuts the whole list into tasks
                 items = ()
             appended_from = (
                 ledger.path.stat().st_size if stream is not None and ledger.path.exists() else 0
@@ -163,10 +219,12 @@ def encode_files(
                 options, extra = preflight(
                     options
                 )  # now the model will load: find it, check the devices
-            ready = lambda: write_settings(out, options, extra)  # noqa: E731 - once the model has loaded
+            ready = lambda: _record_settings(out, options, extra, mirror)  # noqa: E731 - once the model has loaded
             if stream is not None:
                 bar = _watched(bar, stream)
-            run = Run(out, options, bar, log, done=found - len(todo), ready=ready, pool=pool)
+            run = Run(
+                out, options, bar, log, done=found - len(todo), ready=ready, pool=pool, mirror=mirror
+            )
             try:
                 summary = (
                     _engine(options.engine)(todo, run)
@@ -174,7 +232,9 @@ def encode_files(
                     else _nothing_to_do(run, checked=not deferred)
                 )
             except TooManyFailures as e:
-                raise TooManyFailures(f"{e}; finished files are saved (see {out / MANIFEST})") from None
+                raise TooManyFailures(
+                    f"{e}; finished files are saved (see {where}/{MANIFEST})"
+                ) from None
             if stream is not None:  # no list of the files to look them up by: the rows this run appended
                 from .stream import failures_since
 
@@ -184,6 +244,8 @@ def encode_files(
                 )
                 names, count = failures_since(out, appended_from) if todo else ([], 0)
                 failures = names + [""] * (count - len(names))
+            if mirror is not None:
+                mirror.push()  # rows appended here and not yet sent (files found unchanged, moved)
             ledger.refresh()  # only the rows this run appended
             if stream is None:
                 done = found - len(todo)
@@ -192,7 +254,9 @@ def encode_files(
                     for i in todo
                     if (r := ledger.get(i.path)) and r.status != Status.OK
                 ]
-            note = maybe_compact(out, ledger)
+            note = (
+                None if mirror else maybe_compact(out, ledger)
+            )  # a store's parts: `compact` merges them
             if note:
                 log(note)
     except UsageError:
@@ -203,7 +267,7 @@ def encode_files(
         if pool is not None:
             pool.close()  # workers no map() took (the run ended before decoding); the engine stops its own
     if failures:
-        log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {out / MANIFEST})")
+        log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {where}/{MANIFEST})")
     return {
         "out": str(out),
         "files": found,
@@ -220,6 +284,12 @@ def encode_files(
         "engine": options.engine,
         **summary.where,
     }
+
+
+def _record_settings(out: Path, options: Options, extra, mirror) -> None:
+    write_settings(out, options, extra)
+    if mirror is not None:
+        mirror.push_settings()
 
 
 def _watched(bar, stream):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..errors import OutputError, UsageError, output_error
 from ..media.kinds import Item
+from ..media.remote import is_url
 from ..options import Options
 from ..output.files import MANIFEST, SHARD_RE, append_rows
 from ..rows import Row, Status
@@ -41,6 +42,9 @@ from .context import Run
 from .pipeline import Progress, Summary, failed_row
 
 RETRIES = 2  # Ray's retries of a task whose actor died, before the driver splits the task up
+# files the driver holds as tasks at a time: a first run over millions of new files goes in rounds
+# of this many as discovery finds them (run/stream.py); each round starts the actor pool anew
+ROUND_FILES = 250_000
 # Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
 LOCAL_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -87,6 +91,15 @@ class TaskEncoder:
         self.tower, _, self.mode = open_tower(self.options)
         self.max_patches = budget_patches(self.tower, self.options, self.mode)
         self.metadata = shard_metadata(self.options, self.tower)
+        self.store = None
+        if is_url(out):  # OUT in a store: shards are written in a temp folder here, then uploaded
+            from ..output.store import Store
+
+            self.store, self.out = Store(out), tempfile.mkdtemp(prefix="gemma4enc-task-")
+
+    def _publish(self, local: Path) -> None:
+        self.store.upload(local, local.name)
+        local.unlink(missing_ok=True)
 
     def __call__(self, batch: dict) -> dict:
         from ..output.shards import ShardWriter
@@ -103,6 +116,7 @@ class TaskEncoder:
             flush_seconds=float("inf"),
             name=f"shard-{task['id']}-{{:03d}}.safetensors".format,
             on_rows=rows.extend,
+            publish=self._publish if self.store is not None else None,
         )
         patches, error = 0, ""
         try:
@@ -259,7 +273,8 @@ def _connected(address: str | None, remote_wait_s: int, local_wait_s: int):
 
 
 def encode(todo: list[Item], run: Run) -> Summary:
-    """Encode `todo` on Ray; rows land in OUT's manifest as tasks return. Call with OUT's lock held."""
+    """Encode `todo` (a list, or discovery's stream) on Ray, in rounds of ROUND_FILES; rows land in
+    OUT's manifest as tasks return. Call with OUT's lock held."""
     options = run.options
     if not todo:
         run.log(f"{run.done} files, all done already; Ray not started")
@@ -288,25 +303,8 @@ def encode(todo: list[Item], run: Run) -> Summary:
         driver = _Driver(ray, run, pool, Summary(), run.bar(len(todo)), took)
         start = time.perf_counter()
         try:
-            lost = driver.round(make_tasks(todo, options.task_files))
-            if lost:
-                files = [it for t in lost for it in _items(t)]
-                run.log(
-                    f"{len(lost)} task(s) did not come back; trying their {len(files)} file(s) one by one"
-                )
-                lost = driver.round(make_tasks(files, 1))
-            if lost:
-                driver.record(
-                    [
-                        failed_row(
-                            _items(t)[0],
-                            Status.WORKER_DIED if t["error"] == DIED else Status.ERROR,
-                            t["error"],
-                        )
-                        for t in lost
-                    ],
-                    0,
-                )
+            for files in _rounds(todo, max(ROUND_FILES, options.task_files)):
+                _encode_round(driver, files, options.task_files)
         finally:
             driver.progress.close()
         summary = driver.summary
@@ -320,13 +318,52 @@ def encode(todo: list[Item], run: Run) -> Summary:
     return summary
 
 
+def _rounds(todo, size: int):
+    """`todo` (a list, or discovery's stream) in lists of `size` files, taken as they come."""
+    files = []
+    for item in todo:
+        files.append(item)
+        if len(files) == size:
+            yield files
+            files = []
+    if files:
+        yield files
+
+
+def _encode_round(driver: _Driver, files: list[Item], task_files: int) -> None:
+    """One round: its tasks through the pool; tasks that did not come back tried file by file; a
+    file that still does not come back recorded as failed."""
+    lost = driver.round(make_tasks(files, task_files))
+    if lost:
+        again = [it for t in lost for it in _items(t)]
+        driver.run.log(
+            f"{len(lost)} task(s) did not come back; trying their {len(again)} file(s) one by one"
+        )
+        lost = driver.round(make_tasks(again, 1))
+    if lost:
+        driver.record(
+            [
+                failed_row(
+                    _items(t)[0], Status.WORKER_DIED if t["error"] == DIED else Status.ERROR, t["error"]
+                )
+                for t in lost
+            ],
+            0,
+        )
+
+
+def _actors_out(run: Run) -> str:
+    """OUT as the actors reach it: its URL where it is in a store (the driver's mirror is local)."""
+    return run.mirror.url if run.mirror is not None else str(run.out)
+
+
 def _first_actor_start(ray, run: Run, pool: Pool) -> float:
     """Start one actor as the pool will (its resources, its constructor: imports and the tower) and
     time it, so the pool's wait is measured on this machine, not guessed. Seconds it took."""
     limit = float(os.environ.get(START_S) or START_DEFAULT_S)
     actor_class = ray.remote(num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=0)(TaskEncoder)
     start = time.perf_counter()
-    actor = actor_class.remote(run.options, str(run.out))
+    actor = actor_class.remote(run.options, _actors_out(run))
     try:
         ray.get(actor.__ray_ready__.remote(), timeout=limit)
     except ray.exceptions.GetTimeoutError:
@@ -371,7 +408,7 @@ class _Driver:
         """Run tasks through the actor pool, recording each one's rows as it returns.
 
         Returns the tasks that did not come back, each with the reason; their shards are removed."""
-        ray, pool, out = self.ray, self.pool, self.run.out
+        ray, pool = self.ray, self.pool
         ds = ray.data.from_items(tasks, override_num_blocks=len(tasks))
         with warnings.catch_warnings():
             warnings.simplefilter(
@@ -380,7 +417,7 @@ class _Driver:
             ds = ds.map_batches(
                 TaskEncoder,
                 batch_size=1,
-                fn_constructor_kwargs={"options": self.run.options, "out": str(out)},
+                fn_constructor_kwargs={"options": self.run.options, "out": _actors_out(self.run)},
                 # one task in flight per actor: a death costs only its own task a retry
                 compute=ray.data.ActorPoolStrategy(
                     size=min(pool.actors, len(tasks)), max_tasks_in_flight_per_actor=1
@@ -401,11 +438,23 @@ class _Driver:
                 f"{self.start_s:.1f} s: the machine is too busy"
             ) from None
         lost = [t | {"error": errors.get(t["id"]) or DIED} for t in tasks if errors.get(t["id"]) != ""]
-        for t in lost:  # a task that died after writing a shard, before its rows came back
-            for p in out.glob(f"shard-{t['id']}-*.safetensors"):
-                if SHARD_RE.match(p.name):
-                    p.unlink(missing_ok=True)
+        self._drop_shards_of(lost)
         return lost
+
+    def _drop_shards_of(self, lost: list[dict]) -> None:
+        """The shards of tasks that died after writing a shard, before their rows came back."""
+        if not lost:
+            return
+        mirror, out = self.run.mirror, self.run.out
+        ids = tuple(f"shard-{t['id']}-" for t in lost)
+        if mirror is not None:
+            mirror.store.delete(
+                n for n in mirror.store.names() if n.startswith(ids) and SHARD_RE.match(n)
+            )
+            return
+        for p in out.iterdir():
+            if p.name.startswith(ids) and SHARD_RE.match(p.name):
+                p.unlink(missing_ok=True)
 
     def _take(self, row: dict, errors: dict[str, str]) -> None:
         """One task's result: its rows recorded, or its error kept for the retry."""
@@ -414,11 +463,16 @@ class _Driver:
             raise OutputError(error.removeprefix("output: "))
         errors[str(row["id"])] = error
         if not error:
-            self.record([Row.from_json(r) for r in json.loads(str(row["rows"]))], int(row["patches"]))
+            rows = [Row.from_json(r) for r in json.loads(str(row["rows"]))]
+            self.record(rows, int(row["patches"]), task=str(row["id"]))
 
-    def record(self, rows: list[Row], patches: int) -> None:
+    def record(self, rows: list[Row], patches: int, task: str = "") -> None:
+        """Rows into the manifest (a store's: as one part per task, named after it)."""
         try:
-            append_rows(self.run.out, rows)
+            if self.run.mirror is not None:
+                self.run.mirror.append(rows, tag=task)
+            else:
+                append_rows(self.run.out, rows)
         except OSError as e:
             raise output_error(MANIFEST, self.run.out, e) from None
         self.summary.record(rows, patches)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..output.files import MANIFEST, atomic_write, not_an_output
-from ..output.npreader import NumpyEmbeddings
+from ..output.npreader import NumpyEmbeddings, key_of
 from ..output.settings import SEARCH_INDEX, SETTINGS, read_settings
 from ..output.vectors import hidden_size, placed, records
 
@@ -175,7 +175,7 @@ def search(
     queries, sources, errors = {}, {}, {}
     new = []
     for f in files:
-        path = os.path.abspath(f)
+        path = key_of(f)
         row = emb.rows.get(path) if path in emb else None
         if row is not None and _unchanged(path, row):
             sources[f] = "out"
@@ -187,7 +187,7 @@ def search(
     positions = {p: i for i, p in enumerate(index.paths)} if sources else {}
     encoded = encode_files(Path(out), new, device, bar, log) if new else {}
     for f, source in sources.items():
-        path = os.path.abspath(f)
+        path = key_of(f)
         if source == "out":
             i = positions[path]
             queries[f] = index.matrix[i] if index.matrix is not None else index.faiss.reconstruct(i)
@@ -201,11 +201,11 @@ def search(
     for n, (f, query) in enumerate(queries.items()):
         hits = [(float(s), i) for s, i in zip(scores[n], ids[n].tolist())]
         if sources[f] == "out":  # itself first, even among exact copies of it (equal scores)
-            own = positions[os.path.abspath(f)]
+            own = positions[key_of(f)]
             hits = [(float(query @ query), own), *[(s, i) for s, i in hits if i != own]][: len(hits)]
         hits = [{"path": index.paths[i], "score": round(s, 6)} for s, i in hits]
-        results.append({"file": f, "path": os.path.abspath(f), "source": sources[f], "hits": hits})
-    failed = [{"file": f, "path": os.path.abspath(f), "error": e} for f, e in errors.items()]
+        results.append({"file": f, "path": key_of(f), "source": sources[f], "hits": hits})
+    failed = [{"file": f, "path": key_of(f), "error": e} for f, e in errors.items()]
     return {
         "out": str(out),
         "backend": index.backend,

@@ -1,0 +1,185 @@
+"""OUT by URL (-o s3://bucket/prefix) against an S3 server on loopback (moto's server mode), read
+and written through s3fs as users run it: tokens equal a local OUT's, a re-run encodes nothing,
+the manifest is parts that compact merges, the lock is a conditional create, a kill resumes, and
+the readers and exports work on the URL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import gemma4enc
+from gemma4enc.commands.app import app
+
+from .helpers import BASE, RUN, encode, encode_argv, flags, shard_tokens
+
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+BUCKET = "out-bucket"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A loopback S3 (moto) for this module, found by s3fs through the usual AWS_* variables."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        s3fs.S3FileSystem.clear_instance_cache()
+        fs = s3fs.S3FileSystem()
+        fs.mkdir(BUCKET)
+        yield fs
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def local(good, ckpt, tmp_path_factory):
+    """The same files encoded into a local OUT: what every URL OUT must hold."""
+    out = tmp_path_factory.mktemp("local") / "out"
+    assert encode([good, "-o", out, "--model", ckpt, *BASE, "--workers", "0"]).exit_code == 0
+    rows, tokens = shard_tokens(out)
+    return {Path(p).name: t for p, t in tokens.items()}
+
+
+def _cli(*args) -> tuple[int, str]:
+    result = RUN.invoke(app, list(map(str, args)))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output + (result.stderr or "")
+
+
+def _summary(output: str) -> dict:
+    return json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+
+
+def _tokens(url: str) -> dict:
+    """File name → tokens, read back through gemma4enc.open on the URL."""
+    emb = gemma4enc.open(url)
+    return {Path(p).name: emb[p] for p, _ in emb.ok_rows()}
+
+
+def _objects(s3, prefix: str) -> list[str]:
+    s3.invalidate_cache()  # what the store holds now, not this process's listing of it
+    return sorted(p[len(prefix) + 1:] for p in s3.find(prefix))
+
+
+def _latest_rows(s3, prefix: str) -> list[dict]:
+    """Every row the store's manifest holds (base, then parts in order), read with s3fs and json only."""
+    names = _objects(s3, prefix)
+    parts = sorted(n for n in names if n.startswith("manifest.parts/"))
+    blobs = ([s3.cat_file(f"{prefix}/manifest.jsonl")] if "manifest.jsonl" in names else []) + [
+        s3.cat_file(f"{prefix}/{n}") for n in parts]
+    return [json.loads(line) for blob in blobs for line in blob.decode().splitlines()]
+
+
+def test_an_s3_out_holds_what_a_local_out_does_and_a_rerun_encodes_nothing(s3, good, ckpt, local):
+    url = f"s3://{BUCKET}/runs/first"
+    code, output = _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0", "--json")
+    assert code == 0, output
+    report = _summary(output)
+    assert report["out"] == url and report["encoded"] == 6
+    names = _objects(s3, f"{BUCKET}/runs/first")
+    assert "settings.json" in names and "gemma4enc.lock" not in names
+    assert any(n.startswith("shard-") for n in names)
+    assert [n for n in names if n.startswith("manifest.parts/")], names  # rows as parts, no base yet
+    rows = _latest_rows(s3, f"{BUCKET}/runs/first")
+    assert sorted(Path(r["path"]).name for r in rows) == sorted(local)  # every file once
+    got = _tokens(url)
+    assert set(got) == set(local)
+    for name, t in got.items():
+        assert torch.equal(t, local[name]), name
+    code, output = _cli("verify", url, "--json")
+    assert code == 0 and _summary(output)["ok"], output
+    code, output = _cli("inspect", url, "--json")
+    assert code == 0 and _summary(output)["files"] == 6 and _summary(output)["out"] == url, output
+    code, output = _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0", "--json")
+    assert code == 0 and (_summary(output)["encoded"], _summary(output)["done_before"]) == (0, 6), output
+
+
+def test_compact_merges_the_parts_into_one_manifest(s3, good, ckpt, local, tmp_path):
+    url = f"s3://{BUCKET}/runs/compact"
+    files = sorted(good.iterdir())
+    for f in files[:3], files[3:]:  # two runs: two sets of parts
+        code, output = _cli("encode", *f, "-o", url, "--model", ckpt, *BASE, "--workers", "0")
+        assert code == 0, output
+    prefix = f"{BUCKET}/runs/compact"
+    assert len([n for n in _objects(s3, prefix) if n.startswith("manifest.parts/")]) >= 2
+    code, output = _cli("compact", url, "--json")
+    assert code == 0, output
+    names = _objects(s3, prefix)
+    assert not [n for n in names if n.startswith("manifest.parts/")], names
+    rows = [json.loads(line) for line in s3.cat(f"{prefix}/manifest.jsonl").decode().splitlines()]
+    assert sorted(Path(r["path"]).name for r in rows) == sorted(local)
+    got = _tokens(url)
+    assert all(torch.equal(t, local[n]) for n, t in got.items()) and set(got) == set(local)
+    code, output = _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0", "--json")
+    assert code == 0 and _summary(output)["encoded"] == 0, output
+    # the exports read the URL too; pyarrow reads what they wrote
+    pq = pytest.importorskip("pyarrow.parquet")
+    code, output = _cli("export", url, tmp_path / "pq", "--to", "parquet", "--dtype", "float32")
+    assert code == 0, output
+    paths = [p for f in sorted((tmp_path / "pq" / "data").glob("*.parquet"))
+             for p in pq.read_table(f, columns=["path"]).column("path").to_pylist()]
+    assert sorted(Path(p).name for p in paths) == sorted(local)
+
+
+def test_the_lock_is_a_conditional_create_held_by_one_run(s3, good, ckpt):
+    url, prefix = f"s3://{BUCKET}/runs/locked", f"{BUCKET}/runs/locked"
+    # a live run elsewhere: refused, nothing written
+    holder = {"pid": 1, "host": "elsewhere", "started": "now", "token": "x", "renewed": time.time()}
+    s3.pipe(f"{prefix}/gemma4enc.lock", json.dumps(holder).encode())
+    code, output = _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0")
+    assert code == 2 and "in use by another gemma4enc run" in output and "elsewhere" in output, output
+    assert _objects(s3, prefix) == ["gemma4enc.lock"]
+    # a run of this host that is gone: taken over, said so
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    holder |= {"pid": dead.pid, "host": socket.gethostname()}
+    s3.pipe(f"{prefix}/gemma4enc.lock", json.dumps(holder).encode())
+    code, output = _cli("encode", good, "-o", url, "--model", ckpt, *flags(quiet=False), "--workers", "0")
+    assert code == 0 and "took over the lock" in output, output
+    assert "gemma4enc.lock" not in _objects(s3, prefix)
+
+
+def test_a_killed_run_resumes_to_the_same_result(s3, good, ckpt, local, tmp_path):
+    """kill -9 once the first part is in the store (a shard and its part per file): the next run
+    marks nothing twice, encodes only what is missing, and the store reads as a whole run's."""
+    media = tmp_path / "media"  # four copies of the six files: a run long enough to be cut short
+    for copy in range(4):
+        for f in good.iterdir():
+            (media / f"c{copy}").mkdir(parents=True, exist_ok=True)
+            (media / f"c{copy}" / f.name).write_bytes(f.read_bytes())
+    url, prefix = f"s3://{BUCKET}/runs/killed", f"{BUCKET}/runs/killed"
+    args = ["-o", url, "--model", ckpt, *BASE, "--workers", "0", "--flush-seconds", "0"]
+    proc = subprocess.Popen(encode_argv(media, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(n.startswith("manifest.parts/") for n in _objects(s3, prefix)):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    before = len(_latest_rows(s3, prefix))
+    assert 0 < before < 24 and "gemma4enc.lock" in _objects(s3, prefix)
+    code, output = _cli("encode", media, *args, "--json")
+    assert code == 0, output
+    assert (_summary(output)["done_before"], _summary(output)["encoded"]) == (before, 24 - before)
+    rows = _latest_rows(s3, prefix)
+    assert len({r["path"] for r in rows}) == 24 and len(rows) == 24  # every file once, none twice
+    emb = gemma4enc.open(url)
+    for path, _ in emb.ok_rows():
+        assert torch.equal(emb[path], local[Path(path).name]), path
+    code, output = _cli("verify", url)
+    assert code == 0, output
