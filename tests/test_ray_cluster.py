@@ -1,0 +1,152 @@
+"""--engine ray on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster, 1 CPU each):
+a node that dies mid-run takes its actor and the task it holds with it; the run must still end with
+every file once, the local engine's tokens bit for bit, a clean verify, and nothing left to redo.
+
+The doomed node's actor is made to hang on its first task (a sitecustomize hook, loaded only by the
+Ray workers that node starts), so the node is removed exactly while a task is in flight on it,
+however fast or slow the machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import gemma4enc
+
+from .corpus import good_media
+from .helpers import BASE, by_name, encode, encode_argv, photo, shard_tokens, verify
+
+pytest.importorskip("ray.cluster_utils")
+
+START_S = 300  # an actor on a loaded 2-core machine may take a minute or more to start
+HANG_ENV = "G4E_TEST_HANG"
+
+# Set only in the doomed node's raylet environment, so only its workers see it: their first call to
+# the pipeline's _encode writes the task's files to a mark (the test's event) and then never returns.
+HANG = '''
+import os, sys
+if os.environ.get("G4E_TEST_HANG") and "default_worker.py" in " ".join(sys.argv):
+    import importlib.abc, importlib.util
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "gemma4enc.run.pipeline":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+
+                def _encode(window, *args, **kwargs):
+                    import threading
+                    names = " ".join(os.path.basename(d.item.path) for d in window)
+                    mark = os.path.join(os.environ["G4E_TEST_HANG"], str(os.getpid()))
+                    with open(mark + ".tmp", "w") as f:
+                        f.write(names)
+                    os.replace(mark + ".tmp", mark)  # the test never reads half a mark
+                    threading.Event().wait()  # until the node, and this process with it, is killed
+                module._encode = _encode
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Hook())
+'''
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    """Ten files: five tasks of two, more than the two actors hold at once."""
+    root = good_media(tmp_path_factory.mktemp("cluster") / "media")
+    for i in range(4):
+        photo(260 + 10 * i, 300, seed=20 + i).save(root / f"extra{i}.jpg", quality=92)
+    return root
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """(cluster, the node to kill, the folder its hanging actor marks): a head and one worker node."""
+    from ray.cluster_utils import Cluster
+
+    hook, marks = tmp_path / "hook", tmp_path / "marks"
+    hook.mkdir(), marks.mkdir()
+    (hook / "sitecustomize.py").write_text(HANG)
+    # the nodes' processes, and so their workers, inherit this process's environment: the hook, and
+    # this checkout's package rather than whichever one is installed
+    here = Path(gemma4enc.__file__).parents[1]
+    paths = [str(hook), str(here), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    small = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    c = Cluster(initialize_head=True, head_node_args={**small, "include_dashboard": False})
+    try:
+        doomed = c.add_node(**small, env_vars={HANG_ENV: str(marks)})
+        yield c, doomed, marks
+    finally:
+        c.shutdown()
+
+
+def wait_for_mark(marks: Path, proc: subprocess.Popen, err: Path, seconds: float) -> str:
+    """The files of the task hanging on the doomed node, once it holds one."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = [p for p in marks.iterdir() if not p.name.endswith(".tmp")]
+        if found:
+            return found[0].read_text()
+        if proc.poll() is not None:
+            pytest.fail(
+                f"the run ended ({proc.returncode}) before a task reached the doomed node:\n{err.read_text()}"
+            )
+        time.sleep(0.1)
+    pytest.fail(f"no task reached the doomed node in {seconds} s:\n{err.read_text()}")
+
+
+def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(media, ckpt, cluster, tmp_path):
+    c, doomed, marks = cluster
+    want = tmp_path / "local"
+    assert encode([media, "-o", want, "--model", ckpt, *BASE]).exit_code == 0
+    local = shard_tokens(want)[1]
+
+    out, err = tmp_path / "out", tmp_path / "driver.err"
+    ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "0"]
+    args = encode_argv(media, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
+    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S))
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        try:
+            in_flight = wait_for_mark(marks, proc, err, 2 * START_S)
+            c.remove_node(doomed)  # kills its raylet and its workers: the hanging actor and its task
+            try:
+                stdout, _ = proc.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the run did not finish in 180 s after its node died:\n{err.read_text()}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    assert proc.returncode == 0, err.read_text()
+    summary = json.loads(stdout)
+    assert summary["encoded"] == 10 and summary["ray_actors"] == 2, summary
+    rows = by_name(out)  # one row per file: the lost task's files were neither dropped nor doubled
+    assert set(rows) == {p.name for p in media.iterdir()}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    assert set(in_flight.split()) <= set(rows) and len(in_flight.split()) == 2  # the task that died
+    got = shard_tokens(out)[1]
+    assert set(got) == set(local)
+    for path, tokens in got.items():
+        assert torch.equal(tokens, local[path]), path
+    report = verify(out)
+    assert report["ok"] and not report["warnings"], report
+
+    again = encode([media, "-o", out, "--model", ckpt, *BASE, *ray])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["encoded"] == 0 and json.loads(again.stdout)["done_before"] == 10
