@@ -71,9 +71,18 @@ def media(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def local(media, ckpt, tmp_path_factory):
+    """The local engine's tokens: what Ray must reproduce, bit for bit."""
+    out = tmp_path_factory.mktemp("local") / "out"
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    return shard_tokens(out)[1]
+
+
 @pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    """(cluster, the node to kill, the folder its hanging actor marks): a head and one worker node."""
+def two_nodes(tmp_path, monkeypatch):
+    """make(doomed_cpus) → (cluster, the node to kill, the folder its hanging actor marks): a head of
+    1 CPU and a worker node; shut down after the test."""
     from ray.cluster_utils import Cluster
 
     hook, marks = tmp_path / "hook", tmp_path / "marks"
@@ -85,13 +94,20 @@ def cluster(tmp_path, monkeypatch):
     paths = [str(hook), str(here), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    small = {"num_cpus": 1, "object_store_memory": 80 << 20}
-    c = Cluster(initialize_head=True, head_node_args={**small, "include_dashboard": False})
-    try:
-        doomed = c.add_node(**small, env_vars={HANG_ENV: str(marks)})
-        yield c, doomed, marks
-    finally:
+    made = []
+
+    def make(doomed_cpus: int):
+        c = Cluster(initialize_head=True, head_node_args={**node(1), "include_dashboard": False})
+        made.append(c)
+        return c, c.add_node(**node(doomed_cpus), env_vars={HANG_ENV: str(marks)}), marks
+
+    yield make
+    for c in made:
         c.shutdown()
+
+
+def node(cpus: int) -> dict:
+    return {"num_cpus": cpus, "object_store_memory": 80 << 20}
 
 
 def wait_for_mark(marks: Path, proc: subprocess.Popen, err: Path, seconds: float) -> str:
@@ -109,16 +125,9 @@ def wait_for_mark(marks: Path, proc: subprocess.Popen, err: Path, seconds: float
     pytest.fail(f"no task reached the doomed node in {seconds} s:\n{err.read_text()}")
 
 
-def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(media, ckpt, cluster, tmp_path):
-    c, doomed, marks = cluster
-    want = tmp_path / "local"
-    assert encode([media, "-o", want, "--model", ckpt, *BASE]).exit_code == 0
-    local = shard_tokens(want)[1]
-
-    out, err = tmp_path / "out", tmp_path / "driver.err"
-    ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "0"]
-    args = encode_argv(media, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
-    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S))
+def run_losing_a_node(c, doomed, marks, args, err: Path, env: dict) -> tuple[int, str, list[str]]:
+    """(exit code, stdout, the files in flight on the node): `gemma4enc encode ARGS`, whose node
+    `doomed` is removed while its actor holds a task."""
     with err.open("w") as stderr:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         try:
@@ -127,19 +136,19 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(media, ckpt, clu
             try:
                 stdout, _ = proc.communicate(timeout=180)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"the run did not finish in 180 s after its node died:\n{err.read_text()}")
+                pytest.fail(f"the run did not end in 180 s after its node died:\n{err.read_text()}")
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    return proc.returncode, stdout, in_flight.split()
 
-    assert proc.returncode == 0, err.read_text()
-    summary = json.loads(stdout)
-    assert summary["encoded"] == 10 and summary["ray_actors"] == 2, summary
+
+def all_once_as_local(out: Path, media: Path, local: dict) -> None:
+    """Every file one ok row, the local engine's tokens bit for bit, and verify clean."""
     rows = by_name(out)  # one row per file: the lost task's files were neither dropped nor doubled
     assert set(rows) == {p.name for p in media.iterdir()}
     assert all(r["status"] == "ok" for r in rows.values()), rows
-    assert set(in_flight.split()) <= set(rows) and len(in_flight.split()) == 2  # the task that died
     got = shard_tokens(out)[1]
     assert set(got) == set(local)
     for path, tokens in got.items():
@@ -147,6 +156,53 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(media, ckpt, clu
     report = verify(out)
     assert report["ok"] and not report["warnings"], report
 
+
+def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(media, ckpt, local, two_nodes, tmp_path):
+    """Two actors of 1 CPU, one per node: the survivor does the rest, and the lost actor is
+    restarted on its node once the survivor is idle, to redo the lost task."""
+    c, doomed, marks = two_nodes(1)
+    out, err = tmp_path / "out", tmp_path / "driver.err"
+    ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "0"]
+    args = encode_argv(media, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
+    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S))
+    code, stdout, in_flight = run_losing_a_node(c, doomed, marks, args, err, env)
+
+    assert code == 0, err.read_text()
+    summary = json.loads(stdout)
+    assert summary["encoded"] == 10 and summary["ray_actors"] == 2, summary
+    assert len(in_flight) == 2 and set(in_flight) <= {p.name for p in media.iterdir()}
+    all_once_as_local(out, media, local)
+
     again = encode([media, "-o", out, "--model", ckpt, *BASE, *ray])
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["encoded"] == 0 and json.loads(again.stdout)["done_before"] == 10
+
+
+def test_a_run_whose_actors_fit_on_no_node_left_stops_and_says_so(
+    media, ckpt, local, two_nodes, tmp_path
+):
+    """One actor of 2 CPUs, which only the doomed node can hold: Ray would wait for room without
+    end; the run stops (exit 2) once there has been none for GEMMA4ENC_RAY_ROOM_S, and resumes on a
+    node added later."""
+    c, doomed, marks = two_nodes(2)
+    out, err = tmp_path / "out", tmp_path / "driver.err"
+    ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "1"]
+    args = encode_argv(media, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
+    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S), GEMMA4ENC_RAY_ROOM_S="5")
+    code, stdout, in_flight = run_losing_a_node(c, doomed, marks, args, err, env)
+
+    assert code == 2, err.read_text()
+    assert (
+        "no node left in the Ray cluster can hold an actor (2 CPU(s)) for 5 s"
+        in json.loads(stdout)["error"]
+    )
+    rows = by_name(out) if (out / "manifest.jsonl").exists() else {}
+    assert not set(in_flight) & set(rows)  # the lost task's files were left to the re-run
+
+    refused = encode([media, "-o", out, "--model", ckpt, *BASE, *ray])  # still no room: told at once
+    assert refused.exit_code == 2 and "the Ray cluster has 1" in refused.output, refused.output
+    c.add_node(**node(2))  # room again (this node's workers do not hang)
+    done = subprocess.run(args, check=False, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["done_before"] == len(rows)
+    all_once_as_local(out, media, local)
