@@ -1,6 +1,9 @@
-"""--engine ray on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster, 1 CPU each):
-a node that dies mid-run takes its actor and the task it holds with it; the run must still end with
-every file once, the local engine's tokens bit for bit, a clean verify, and nothing left to redo.
+"""--engine ray on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster): a node
+that dies mid-run takes its actor and the task it holds with it.
+
+With room left on the other node, the run must still end with every file once, the local engine's
+tokens bit for bit, a clean verify, and nothing left to redo. With no node left that can hold an
+actor, Ray would wait without end: the run must stop and say so, and resume once a node is added.
 
 The doomed node's actor is made to hang on its first task (a sitecustomize hook, loaded only by the
 Ray workers that node starts), so the node is removed exactly while a task is in flight on it,

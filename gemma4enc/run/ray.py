@@ -13,6 +13,8 @@ A file that cannot be decoded is a row, as locally. An actor that dies (the OOM 
 segfault) is restarted by Ray and its task retried RETRIES times; a task that still does not
 come back is split into one task per file and tried once more, and a file that kills its actor
 even alone is recorded as `worker_died`. Nothing is retried forever; no file goes missing.
+A node that dies takes its actors along; Ray restarts them where they fit. When no live node
+can hold one any more, the driver stops after ROOM_S rather than wait for Ray without end.
 
 Ray is imported only here, only with --engine ray.
 """
