@@ -13,6 +13,8 @@ A file that cannot be decoded is a row, as locally. An actor that dies (the OOM 
 segfault) is restarted by Ray and its task retried RETRIES times; a task that still does not
 come back is split into one task per file and tried once more, and a file that kills its actor
 even alone is recorded as `worker_died`. Nothing is retried forever; no file goes missing.
+A node that dies takes its actors along; Ray restarts them where they fit. When no live node
+can hold one any more, the driver stops after ROOM_S rather than wait for Ray without end.
 
 Ray is imported only here, only with --engine ray.
 """
@@ -20,6 +22,7 @@ Ray is imported only here, only with --engine ray.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -27,6 +30,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -53,6 +57,9 @@ LOCAL_ENV = {
     "RAY_worker_register_timeout_seconds": "600",
 }
 START_S = "GEMMA4ENC_RAY_START_S"  # seconds the first actor may take to start (imports, tower load)
+ROOM_S = "GEMMA4ENC_RAY_ROOM_S"  # seconds to wait for a node an actor fits on, once none is left
+ROOM_DEFAULT_S = 600.0  # long enough for an autoscaler to bring a replacement node
+CHECK_S = 5.0  # how often the driver looks at the cluster during a round
 START_DEFAULT_S = 900.0  # generous: a loaded 2-core machine took minutes; a real failure is told at once
 DIED = f"its Ray worker died {RETRIES + 1} times in a row encoding it, alone too (out of memory or a crash; see Ray's logs)"
 
@@ -393,6 +400,10 @@ def _wait_for_actors(ray, seconds: float) -> None:
         ray.data.DataContext.get_current().wait_for_min_actors_s = int(seconds) + 1
 
 
+class _NoRoom(Exception):
+    """Raised in the driver's thread by its watchdog: no live node can hold an actor any more."""
+
+
 @dataclass
 class _Driver:
     """The driver's side of a run: hands tasks to the actor pool and lands their rows in the manifest."""
@@ -429,8 +440,22 @@ class _Driver:
             )
         errors: dict[str, str] = {}
         try:
-            for row in ds.iter_rows():
-                self._take(row, errors)
+            with self._watch_room() as taking:
+                for row in ds.iter_rows():
+                    # a wait in Python, not in C: a _NoRoom already raised lands here, not in _take
+                    while not taking.acquire(timeout=0.1):
+                        pass
+                    try:
+                        self._take(row, errors)
+                    finally:
+                        taking.release()
+        except _NoRoom:
+            wait = float(os.environ.get(ROOM_S) or ROOM_DEFAULT_S)
+            raise UsageError(
+                f"no node left in the Ray cluster can hold an actor ({pool.cpus} CPU(s)"
+                f"{' and a GPU' if pool.gpus else ''}) for {wait:.0f} s: a node was lost. The files "
+                f"done are saved; re-run once the cluster has room, or set {ROOM_S} to wait longer"
+            ) from None
         except ray.exceptions.GetTimeoutError:
             wait = ray.data.DataContext.get_current().wait_for_min_actors_s
             raise UsageError(
@@ -455,6 +480,53 @@ class _Driver:
         for p in out.iterdir():
             if p.name.startswith(ids) and SHARD_RE.match(p.name):
                 p.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _watch_room(self):
+        """A thread that looks at the cluster every CHECK_S while a round runs. Ray restarts an actor
+        whose node died wherever it fits, and waits for room without end, and so does Ray Data: once
+        no live node can hold an actor for ROOM_S, the watchdog raises _NoRoom in the driver's thread,
+        in Ray Data's polling loop (as Ctrl-C would), so the run stops and says why.
+
+        Yields the lock the driver holds while it records a task: the watchdog fires only with it
+        taken, and keeps it, so _NoRoom never lands halfway through writing a task's rows."""
+        taking, stop, target = threading.Lock(), threading.Event(), threading.get_ident()
+        wait = float(os.environ.get(ROOM_S) or ROOM_DEFAULT_S)
+
+        def watch():
+            since = None  # when the cluster was first seen without room for an actor
+            while not stop.wait(CHECK_S):
+                since = None if self._room() else since or time.monotonic()
+                late = since is not None and time.monotonic() - since >= wait
+                if late and taking.acquire(blocking=False):
+                    # not _thread.interrupt_main: it does nothing where SIGINT is ignored (a job
+                    # started with & from a script), which is where a hang hurts most
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(target), ctypes.py_object(_NoRoom)
+                    )
+                    return
+
+        watchdog = threading.Thread(target=watch, name="g4e-ray-room", daemon=True)
+        watchdog.start()
+        try:
+            yield taking
+        finally:
+            stop.set()
+            watchdog.join()
+
+    def _room(self) -> bool:
+        """Whether a live node of the cluster has the resources of one actor."""
+        pool = self.pool
+        try:
+            nodes = self.ray.nodes()
+        except Exception:  # noqa: BLE001 - the cluster does not answer: Ray's own errors will tell
+            return True
+        return any(
+            n.get("Alive")
+            and n["Resources"].get("CPU", 0) >= pool.cpus
+            and n["Resources"].get("GPU", 0) >= pool.gpus
+            for n in nodes
+        )
 
     def _take(self, row: dict, errors: dict[str, str]) -> None:
         """One task's result: its rows recorded, or its error kept for the retry."""

@@ -1,0 +1,255 @@
+"""--engine ray on a Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster): a node
+that dies mid-run takes its actor and the task it holds with it.
+
+With room left on the other node, a run from an s3:// folder and tar to an s3:// OUT (a loopback
+S3, no folder shared by the nodes' actors) must still end with every file once, the local
+engine's tokens bit for bit, a clean verify, and nothing left to redo. With no node left that can hold an
+actor, Ray would wait without end: the run must stop and say so, and resume once a node is added.
+
+The doomed node's actor is made to hang on its first task (a sitecustomize hook, loaded only by the
+Ray workers that node starts), so the node is removed exactly while a task is in flight on it,
+however fast or slow the machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import gemma4enc
+
+from .corpus import good_media
+from .helpers import BASE, RUN, by_name, encode, encode_argv, photo, shard_tokens, verify
+
+pytest.importorskip("ray.cluster_utils")
+
+START_S = 300  # an actor on a loaded 2-core machine may take a minute or more to start
+HANG_ENV = "G4E_TEST_HANG"
+
+# Set only in the doomed node's raylet environment, so only its workers see it: their first call to
+# the pipeline's _encode writes the task's files to a mark (the test's event) and then never returns.
+HANG = '''
+import os, sys
+if os.environ.get("G4E_TEST_HANG") and "default_worker.py" in " ".join(sys.argv):
+    import importlib.abc, importlib.util
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "gemma4enc.run.pipeline":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+
+                def _encode(window, *args, **kwargs):
+                    import threading
+                    names = " ".join(os.path.basename(d.item.path) for d in window)
+                    mark = os.path.join(os.environ["G4E_TEST_HANG"], str(os.getpid()))
+                    with open(mark + ".tmp", "w") as f:
+                        f.write(names)
+                    os.replace(mark + ".tmp", mark)  # the test never reads half a mark
+                    threading.Event().wait()  # until the node, and this process with it, is killed
+                module._encode = _encode
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Hook())
+'''
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    """Ten files: five tasks of two, more than the two actors hold at once."""
+    root = good_media(tmp_path_factory.mktemp("cluster") / "media")
+    for i in range(4):
+        photo(260 + 10 * i, 300, seed=20 + i).save(root / f"extra{i}.jpg", quality=92)
+    return root
+
+
+@pytest.fixture(scope="module")
+def local(media, ckpt, tmp_path_factory):
+    """The local engine's tokens: what Ray must reproduce, bit for bit."""
+    out = tmp_path_factory.mktemp("local") / "out"
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    return shard_tokens(out)[1]
+
+
+@pytest.fixture
+def two_nodes(tmp_path, monkeypatch):
+    """make(doomed_cpus) → (cluster, the node to kill, the folder its hanging actor marks): a head of
+    1 CPU and a worker node; shut down after the test."""
+    from ray.cluster_utils import Cluster
+
+    hook, marks = tmp_path / "hook", tmp_path / "marks"
+    hook.mkdir(), marks.mkdir()
+    (hook / "sitecustomize.py").write_text(HANG)
+    # the nodes' processes, and so their workers, inherit this process's environment: the hook, and
+    # this checkout's package rather than whichever one is installed
+    here = Path(gemma4enc.__file__).parents[1]
+    paths = [str(hook), str(here), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    made = []
+
+    def make(doomed_cpus: int):
+        c = Cluster(initialize_head=True, head_node_args={**node(1), "include_dashboard": False})
+        made.append(c)
+        return c, c.add_node(**node(doomed_cpus), env_vars={HANG_ENV: str(marks)}), marks
+
+    yield make
+    for c in made:
+        c.shutdown()
+
+
+def node(cpus: int) -> dict:
+    return {"num_cpus": cpus, "object_store_memory": 80 << 20}
+
+
+def wait_for_mark(marks: Path, proc: subprocess.Popen, err: Path, seconds: float) -> str:
+    """The files of the task hanging on the doomed node, once it holds one."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = [p for p in marks.iterdir() if not p.name.endswith(".tmp")]
+        if found:
+            return found[0].read_text()
+        if proc.poll() is not None:
+            pytest.fail(
+                f"the run ended ({proc.returncode}) before a task reached the doomed node:\n{err.read_text()}"
+            )
+        time.sleep(0.1)
+    pytest.fail(f"no task reached the doomed node in {seconds} s:\n{err.read_text()}")
+
+
+def run_losing_a_node(c, doomed, marks, args, err: Path, env: dict) -> tuple[int, str, list[str]]:
+    """(exit code, stdout, the files in flight on the node): `gemma4enc encode ARGS`, whose node
+    `doomed` is removed while its actor holds a task."""
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        try:
+            in_flight = wait_for_mark(marks, proc, err, 2 * START_S)
+            c.remove_node(doomed)  # kills its raylet and its workers: the hanging actor and its task
+            try:
+                stdout, _ = proc.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the run did not end in 180 s after its node died:\n{err.read_text()}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return proc.returncode, stdout, in_flight.split()
+
+
+def all_once_as_local(out: Path, media: Path, local: dict) -> None:
+    """Every file one ok row, the local engine's tokens bit for bit, and verify clean."""
+    rows = by_name(out)  # one row per file: the lost task's files were neither dropped nor doubled
+    assert set(rows) == {p.name for p in media.iterdir()}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    got = shard_tokens(out)[1]
+    assert set(got) == set(local)
+    for path, tokens in got.items():
+        assert torch.equal(tokens, local[path]), path
+    report = verify(out)
+    assert report["ok"] and not report["warnings"], report
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A loopback S3 (moto) whose endpoint and keys are in this process's environment, so in the
+    nodes' and their workers' too (the nodes are started after it)."""
+    s3fs = pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        s3fs.S3FileSystem.clear_instance_cache()
+        fs = s3fs.S3FileSystem()
+        fs.mkdir("cluster")
+        yield fs
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(s3, media, ckpt, local, two_nodes, tmp_path):
+    """Two actors of 1 CPU, one per node, inputs and OUT in S3: the survivor does the rest, and the
+    lost actor is restarted on its node once the survivor is idle, to redo the lost task."""
+    files = sorted(media.iterdir())
+    s3.put([str(p) for p in files[:6]], "cluster/media/")  # six as a folder, four as a WebDataset tar
+    with tarfile.open(tmp_path / "rest.tar", "w") as tar:
+        for i, p in enumerate(files[6:]):
+            tar.add(p, arcname=f"{i:06d}{p.suffix}")
+    s3.put(str(tmp_path / "rest.tar"), "cluster/tars/rest.tar")
+    named = {f"{i:06d}{p.suffix}": p.name for i, p in enumerate(files[6:])} | {p.name: p.name for p in files[:6]}
+    c, doomed, marks = two_nodes(1)
+    out, err = "s3://cluster/out", tmp_path / "driver.err"
+    roots = ["s3://cluster/media", "s3://cluster/tars/rest.tar"]
+    ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "0"]
+    args = encode_argv(*roots, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
+    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S))
+    code, stdout, in_flight = run_losing_a_node(c, doomed, marks, args, err, env)
+
+    assert code == 0, err.read_text()
+    summary = json.loads(stdout)
+    assert summary["encoded"] == 10 and summary["ray_actors"] == 2, summary
+    assert len(in_flight) == 2 and set(in_flight) <= set(named)
+    s3.invalidate_cache()
+    parts = sorted(s3.find("cluster/out/manifest.parts"))
+    rows = [json.loads(line) for p in parts for line in s3.cat_file(p).decode().splitlines()]
+    assert sorted(named[Path(r["path"]).name] for r in rows) == sorted(p.name for p in files)  # once each
+    assert all(r["status"] == "ok" for r in rows), rows
+    emb = gemma4enc.open(out)
+    want = {Path(p).name: t for p, t in local.items()}
+    for path, _ in emb.ok_rows():
+        assert torch.equal(emb[path], want[named[Path(path).name]]), path
+    from gemma4enc.commands.app import app
+
+    checked = RUN.invoke(app, ["verify", out])
+    assert checked.exit_code == 0, checked.output
+
+    again = encode([*roots, "-o", out, "--model", ckpt, *BASE, *ray])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["encoded"] == 0 and json.loads(again.stdout)["done_before"] == 10
+
+
+def test_a_run_whose_actors_fit_on_no_node_left_stops_and_says_so(
+    media, ckpt, local, two_nodes, tmp_path
+):
+    """One actor of 2 CPUs, which only the doomed node can hold: Ray would wait for room without
+    end; the run stops (exit 2) once there has been none for GEMMA4ENC_RAY_ROOM_S, and resumes on a
+    node added later."""
+    c, doomed, marks = two_nodes(2)
+    out, err = tmp_path / "out", tmp_path / "driver.err"
+    ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "1"]
+    args = encode_argv(media, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
+    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S), GEMMA4ENC_RAY_ROOM_S="5")
+    code, stdout, in_flight = run_losing_a_node(c, doomed, marks, args, err, env)
+
+    assert code == 2, err.read_text()
+    assert (
+        "no node left in the Ray cluster can hold an actor (2 CPU(s)) for 5 s"
+        in json.loads(stdout)["error"]
+    )
+    rows = by_name(out) if (out / "manifest.jsonl").exists() else {}
+    assert not set(in_flight) & set(rows)  # the lost task's files were left to the re-run
+
+    refused = encode([media, "-o", out, "--model", ckpt, *BASE, *ray])  # still no room: told at once
+    assert refused.exit_code == 2 and "the Ray cluster has 1" in refused.output, refused.output
+    c.add_node(**node(2))  # room again (this node's workers do not hang)
+    done = subprocess.run(args, check=False, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["done_before"] == len(rows)
+    all_once_as_local(out, media, local)
