@@ -192,13 +192,17 @@ def test_file_urls_are_walked_like_the_folder(good):
     assert all(abs(u.mtime_ns - i.mtime_ns) < 1000 for u, i in zip(by_url, local))
 
 
-def test_ray_actors_read_urls_and_tars_and_write_an_s3_out(s3, good, ckpt, tmp_path):
+def test_ray_actors_read_urls_and_tars_and_write_an_s3_out(s3, good, ckpt, tmp_path, monkeypatch):
     """--engine ray from an s3:// folder and an s3:// tar to an s3:// OUT, no shared folder: the
-    actors read their inputs and upload their shards through s3fs, the driver writes the parts;
-    tokens equal the local engine's, a re-run encodes nothing."""
+    actors read their inputs and upload their shards through s3fs, the driver writes the parts, in
+    rounds of ROUND_FILES (4 here: two rounds); tokens equal the local engine's, a re-run encodes
+    nothing."""
     pytest.importorskip("ray")
     import gemma4enc
     from gemma4enc.commands.cli import app
+    from gemma4enc.run import ray as engine
+
+    monkeypatch.setattr(engine, "ROUND_FILES", 4)
 
     s3.put(str(good), f"{BUCKET}/forray", recursive=True)
     _shard(tmp_path / "s.tar", [(f"{i:06d}", p) for i, p in enumerate(sorted(good.iterdir())[:2])])
@@ -217,10 +221,11 @@ def test_ray_actors_read_urls_and_tars_and_write_an_s3_out(s3, good, ckpt, tmp_p
     assert set(got) == set(want) and len(got) == 8
     assert all(close(got[p], want[p], 1e-5) for p in want)
     assert sum("sidecar" in emb.row(p) for p in got) == 2
+    s3.invalidate_cache()
     names = [n.rsplit("/", 1)[-1] for n in s3.ls(f"{BUCKET}/forray-out")]
-    assert sum(n.startswith("shard-") for n in names) == 3  # one per task of 3 files: 8 files
+    assert sum(n.startswith("shard-") for n in names) == 4  # rounds of 4 files, tasks of 3: 3+1, 3+1
     parts = s3.ls(f"{BUCKET}/forray-out/manifest.parts")
-    assert len(parts) == 3 and all(p.endswith(".jsonl") for p in parts)  # one part per task
+    assert len(parts) == 4 and all(p.endswith(".jsonl") for p in parts)  # one part per task
     checked = RUN.invoke(app, ["verify", out])
     assert checked.exit_code == 0, checked.output
     again = _summary(encode([*roots, "-o", out, *args, *ray]))

@@ -183,3 +183,46 @@ def test_a_killed_run_resumes_to_the_same_result(s3, good, ckpt, local, tmp_path
         assert torch.equal(emb[path], local[Path(path).name]), path
     code, output = _cli("verify", url)
     assert code == 0, output
+
+
+def test_the_holder_renews_its_lock_and_stops_once_another_run_took_it(s3, monkeypatch):
+    from gemma4enc.errors import OutputError
+    from gemma4enc.output import store
+
+    monkeypatch.setattr(store, "RENEW_S", 0.1)
+    prefix = f"{BUCKET}/runs/renewed"
+    lock = store.StoreLock(store.Store(f"s3://{prefix}")).acquire()
+    try:
+        first = json.loads(s3.cat_file(f"{prefix}/gemma4enc.lock"))
+        deadline = time.monotonic() + 30
+        while json.loads(s3.cat_file(f"{prefix}/gemma4enc.lock"))["renewed"] == first["renewed"]:
+            assert time.monotonic() < deadline, "the lock was not renewed"
+            time.sleep(0.05)
+        lock.check()  # still ours
+        # another run found it stale and took it: this one must stop before writing more
+        s3.pipe(f"{prefix}/gemma4enc.lock", json.dumps(first | {"token": "theirs"}).encode())
+        while not lock.lost:
+            assert time.monotonic() < deadline, "the takeover was not noticed"
+            time.sleep(0.05)
+        with pytest.raises(OutputError, match="took over OUT's lock"):
+            lock.check()
+    finally:
+        lock.release()
+    assert json.loads(s3.cat_file(f"{prefix}/gemma4enc.lock"))["token"] == "theirs"  # not ours to remove
+
+
+def test_a_lock_not_renewed_for_ten_minutes_is_taken_over(s3):
+    from gemma4enc.output import store
+
+    prefix = f"{BUCKET}/runs/stale"
+    old = {"pid": 1, "host": "elsewhere", "started": "then", "token": "t",
+           "renewed": time.time() - store.STALE_S - 5}
+    s3.pipe(f"{prefix}/gemma4enc.lock", json.dumps(old).encode())
+    lock = store.StoreLock(store.Store(f"s3://{prefix}")).acquire()
+    try:
+        assert lock.previous["token"] == "t"
+        assert json.loads(s3.cat_file(f"{prefix}/gemma4enc.lock"))["token"] == lock.me["token"]
+    finally:
+        lock.release()
+    s3.invalidate_cache()
+    assert not s3.exists(f"{prefix}/gemma4enc.lock")

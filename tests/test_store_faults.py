@@ -121,6 +121,8 @@ def test_a_store_that_stays_down_ends_the_run_with_exit_4_and_the_rerun_finishes
     url, prefix = f"s3://{BUCKET}/down", f"{BUCKET}/down"
     monkeypatch.setattr(store, "TRIES", 2)  # our retries: two tries, not half a minute
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs's own rounds of botocore's retries
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # and botocore's, read when s3fs makes its client
+    s3fs.S3FileSystem.clear_instance_cache()
     files = sorted(good.iterdir())
     proxy.fail("503", method="PUT", match="shard-")  # every shard upload, forever
     code, output = _encode(*files, "-o", url, "--model", ckpt, *BASE, "--workers", "0",
@@ -132,3 +134,4 @@ def test_a_store_that_stays_down_ends_the_run_with_exit_4_and_the_rerun_finishes
     assert code == 0, output
     assert sorted(Path(r["path"]).name for r in _rows(prefix)) == sorted(local)
     _same(url, local)
+    s3fs.S3FileSystem.clear_instance_cache()  # the next tests' clients retry as users' do

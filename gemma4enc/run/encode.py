@@ -163,7 +163,7 @@ def encode_files(
     `unchanged`: the files discovery left out of `items` as done (counted, looked at again if
     their rows changed meanwhile).
     `more`: discovery's further chunks (discover_chunks), decided as the engine reaches them
-    (run/stream.py); the Ray driver takes them all before it starts.
+    (run/stream.py); the Ray driver takes them in rounds (run/ray.ROUND_FILES).
     `mirror`: where OUT is a URL, its mirror (output/mirror.py), `out` its local folder, both
     locked by the caller: shards and rows go on to the store as they are written.
     """
