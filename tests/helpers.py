@@ -5,6 +5,7 @@ Fixtures live in conftest.py; a test module imports from here, never from anothe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -167,3 +168,34 @@ def folder_with_history(root: Path, ckpt) -> tuple[Path, Path]:
     (media / "p3.png").write_bytes(b"garbage now")  # its latest row fails, its old ok row is superseded
     assert encode(args).exit_code == 1
     return media, out
+
+
+@contextlib.contextmanager
+def loopback_s3(*buckets: str, front=None):
+    """A moto S3 server on loopback, found by s3fs (and by every process started meanwhile: Ray's
+    nodes, worker processes) through the usual AWS_* variables; yields (s3fs filesystem, front).
+    `front(upstream_url)`: a proxy to put between them (faulty_store.FaultyProxy), started here."""
+    import pytest
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    proxy = front(f"http://{host}:{port}").start() if front else None
+    env = {"AWS_ENDPOINT_URL": proxy.url if proxy else f"http://{host}:{port}",
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            s3fs.S3FileSystem.clear_instance_cache()
+            fs = s3fs.S3FileSystem()
+            for bucket in buckets:
+                fs.mkdir(bucket)
+            yield fs, proxy
+            s3fs.S3FileSystem.clear_instance_cache()
+    finally:
+        if proxy:
+            proxy.stop()
+        server.stop()

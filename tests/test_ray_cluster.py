@@ -26,7 +26,7 @@ import torch
 import gemma4enc
 
 from .corpus import good_media
-from .helpers import BASE, RUN, by_name, encode, encode_argv, photo, shard_tokens, verify
+from .helpers import BASE, RUN, by_name, encode, encode_argv, loopback_s3, photo, shard_tokens, verify
 
 pytest.importorskip("ray.cluster_utils")
 
@@ -164,24 +164,12 @@ def all_once_as_local(out: Path, media: Path, local: dict) -> None:
 
 @pytest.fixture(scope="module")
 def s3():
-    """A loopback S3 (moto) whose endpoint and keys are in this process's environment, so in the
-    nodes' and their workers' too (the nodes are started after it)."""
-    s3fs = pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem()
-        fs.mkdir("cluster")
+    """A loopback S3 (moto), in this process's environment and so in the nodes' and their workers'
+    too (the nodes are started after it)."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    with loopback_s3("cluster") as (fs, _):
         yield fs
-        s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
 
 
 def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(s3, media, ckpt, local, two_nodes, tmp_path):

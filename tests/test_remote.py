@@ -16,7 +16,7 @@ import torch
 
 from gemma4enc.media import remote, webdataset
 
-from .helpers import BASE, RUN, close, encode, encode_argv, shard_tokens, verify
+from .helpers import BASE, RUN, close, encode, encode_argv, loopback_s3, shard_tokens, verify
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -27,20 +27,8 @@ BUCKET = "media-bucket"
 @pytest.fixture(scope="module")
 def s3():
     """A loopback S3 (moto) for this module, found by s3fs through the usual AWS_* variables."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem()
-        fs.mkdir(BUCKET)
+    with loopback_s3(BUCKET) as (fs, _):
         yield fs
-        s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
 
 
 def _tokens_by_rel(out: Path) -> tuple[dict, dict]:

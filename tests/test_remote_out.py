@@ -18,7 +18,7 @@ import torch
 import gemma4enc
 from gemma4enc.commands.app import app
 
-from .helpers import BASE, RUN, encode, encode_argv, flags, shard_tokens
+from .helpers import BASE, RUN, encode, encode_argv, flags, loopback_s3, shard_tokens
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -29,20 +29,8 @@ BUCKET = "out-bucket"
 @pytest.fixture(scope="module")
 def s3():
     """A loopback S3 (moto) for this module, found by s3fs through the usual AWS_* variables."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem()
-        fs.mkdir(BUCKET)
+    with loopback_s3(BUCKET) as (fs, _):
         yield fs
-        s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +214,10 @@ def test_a_lock_not_renewed_for_ten_minutes_is_taken_over(s3):
         lock.release()
     s3.invalidate_cache()
     assert not s3.exists(f"{prefix}/gemma4enc.lock")
+
+
+def test_a_bucket_that_is_not_there_is_one_line_and_exit_2(s3, good, ckpt):
+    code, output = _cli("encode", good, "-o", "s3://no-such-bucket/out", "--model", ckpt, *BASE)
+    assert code == 2 and "no such bucket" in output and "Traceback" not in output, output
+    code, output = _cli("inspect", f"s3://{BUCKET}/never-written")
+    assert code == 2 and "no manifest.jsonl" in output and f"s3://{BUCKET}/never-written" in output, output

@@ -15,7 +15,7 @@ from gemma4enc.commands.app import app
 from gemma4enc.output import store
 
 from .faulty_store import FaultyProxy
-from .helpers import BASE, RUN, encode, shard_tokens
+from .helpers import BASE, RUN, encode, loopback_s3, shard_tokens
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -26,21 +26,8 @@ BUCKET = "faulty"
 @pytest.fixture(scope="module")
 def proxy():
     """moto on loopback, and the faulty proxy in front of it: s3fs reaches the store through it."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    faulty = FaultyProxy(f"http://{host}:{port}").start()
-    env = {"AWS_ENDPOINT_URL": faulty.url, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        s3fs.S3FileSystem.clear_instance_cache()
-        s3fs.S3FileSystem().mkdir(BUCKET)
+    with loopback_s3(BUCKET, front=FaultyProxy) as (_, faulty):
         yield faulty
-        s3fs.S3FileSystem.clear_instance_cache()
-    faulty.stop()
-    server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -24,12 +24,13 @@ import time
 import uuid
 from pathlib import Path
 
-from ..errors import OutputError, UsageError
+from ..errors import OutputError, UsageError, reason
 from .lock import LOCK, alive, describe
 
 TRIES = 8  # attempts per request (backoff 0.25 s doubling to 8 s: about half a minute in all)
 STALE_S = 600.0  # a lock its holder has not rewritten for this long is a dead run's
 RENEW_S = 60.0
+SAVED = "; the files finished before are saved, re-run to resume"  # what an OutputError mid-run adds
 
 
 class Store:
@@ -55,10 +56,8 @@ class Store:
                 raise  # answers, not failures: the caller decides
             except Exception as e:  # noqa: BLE001 - 503s, resets, timeouts: each protocol names them its own way
                 if attempt == TRIES - 1:
-                    raise OutputError(
-                        f"cannot {what} in {self.url}: {str(e).splitlines()[0] or type(e).__name__}; "
-                        "the files finished before are saved, re-run to resume"
-                    ) from None
+                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    raise OutputError(f"cannot {what} in {self.url}: {why}{SAVED}") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 8.0)
 
@@ -78,20 +77,28 @@ class Store:
         )
         return [got[self.key(n)] for n in names]
 
+    def _written(self, what: str, call, *args, **kwargs):
+        """A write; a missing bucket or a refusal is a store's final no, said in one line."""
+        try:
+            return self._retried(what, call, *args, **kwargs)
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+            why = "no such bucket or container" if isinstance(e, FileNotFoundError) else reason(e)
+            raise OutputError(f"cannot {what} in {self.url}: {why}{SAVED}") from None
+
     def write(self, name: str, data: bytes) -> None:
-        self._retried(f"write {name}", self.fs.pipe_file, self.key(name), data)
+        self._written(f"write {name}", self.fs.pipe_file, self.key(name), data)
 
     def create(self, name: str, data: bytes) -> bool:
         """Write `name` only where it does not exist yet: False where it does."""
         try:
-            self._retried(f"create {name}", self.fs.pipe_file, self.key(name), data, mode="create")
+            self._written(f"create {name}", self.fs.pipe_file, self.key(name), data, mode="create")
         except FileExistsError:
             return False
         return True
 
     def upload(self, local: Path, name: str) -> None:
         """A local file put whole under `name` (large ones in parts that appear only once all are in)."""
-        self._retried(f"upload {name}", self.fs.put_file, str(local), self.key(name))
+        self._written(f"upload {name}", self.fs.put_file, str(local), self.key(name))
 
     def download(self, name: str, local: Path) -> None:
         """An object into `local`, through a temp name: a dropped download leaves no half file."""
@@ -151,6 +158,13 @@ class StoreLock:
         return json.dumps(self.me | {"renewed": time.time()}).encode()
 
     def acquire(self) -> StoreLock:
+        """Take the lock, or say who holds it (UsageError: nothing has started, nothing written)."""
+        try:
+            return self._acquire()
+        except OutputError as e:  # a bucket that is not there, keys that may not write: exit 2
+            raise UsageError(str(e).removesuffix(SAVED)) from None
+
+    def _acquire(self) -> StoreLock:
         for _ in range(3):
             if self.store.create(LOCK, self._body()):
                 self._check_exclusive()
@@ -210,8 +224,11 @@ class StoreLock:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            if not self.lost and self._holder().get("token") == self.me["token"]:
-                self.store.delete([LOCK])
+            try:
+                if not self.lost and self._holder().get("token") == self.me["token"]:
+                    self.store.delete([LOCK])
+            except OutputError:
+                pass  # the store is down: the lock goes stale and the next run takes it over
 
 
 def _stale(holder: dict) -> bool:

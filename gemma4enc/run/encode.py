@@ -43,58 +43,33 @@ def encode(
     --json prints, with `skipped_not_media`."""
     from ..media.remote import is_url
 
-    if is_url(str(out)):  # OUT in a store: the run works on a local mirror of it, under the store's lock
-        from ..output.mirror import Mirror
+    log = log or (lambda message: None)
+    walk = (files_from, list(include or []), list(exclude or []), hidden, null)
+    if not is_url(str(out)):
+        return _encode(roots, Path(out), flags, given, walk, overwrite, bar, log)
+    from ..output.mirror import Mirror
 
-        mirror = Mirror(str(out))
-        try:
-            with mirror.locked(overwrite) as held:
-                if held.lock.previous:
-                    (log or print)(
-                        f"took over the lock of an earlier run that is gone ({describe(held.lock.previous)})"
-                    )
-                report = _encode(
-                    roots,
-                    held.path,
-                    flags,
-                    given,
-                    files_from,
-                    null,
-                    include,
-                    exclude,
-                    hidden,
-                    overwrite,
-                    bar,
-                    log,
-                    held,
+    # OUT in a store: the run works on a local mirror of it, under the store's lock
+    mirror = Mirror(str(out))
+    try:
+        with mirror.locked(overwrite) as held:
+            if held.lock.previous:
+                log(
+                    f"took over the lock of an earlier run that is gone ({describe(held.lock.previous)})"
                 )
-                held.relist()
-        finally:
-            mirror.close()
-        return report | {"out": mirror.url, "shard_sizes": list(mirror.shards.values())}
-    return _encode(
-        roots, Path(out), flags, given, files_from, null, include, exclude, hidden, overwrite, bar, log
-    )
+            report = _encode(roots, held.path, flags, given, walk, overwrite, bar, log, held)
+            held.relist()
+    finally:
+        mirror.close()
+    return report | {"out": mirror.url, "shard_sizes": list(mirror.shards.values())}
 
 
-def _encode(
-    roots,
-    out,
-    flags,
-    given,
-    files_from,
-    null,
-    include,
-    exclude,
-    hidden,
-    overwrite,
-    bar,
-    log,
-    mirror=None,
-) -> dict:
+def _encode(roots, out: Path, flags, given, walk: tuple, overwrite: bool, bar, log, mirror=None) -> dict:
+    """encode() on a local folder: OUT itself, or a store's mirror. `walk`: files_from, include,
+    exclude, hidden, null, as discovery takes them."""
     from ..media.discover import discover_chunks
 
-    log = log or (lambda message: None)
+    files_from, include, exclude, hidden, null = walk
     saved = None if overwrite else read_settings(out)  # a re-run may omit the flags
     shown = f"{mirror.url}/{SETTINGS}" if mirror is not None else str(out / SETTINGS)
     options, notes = Options.resume(saved, flags or {}, given, where=shown)
@@ -108,8 +83,8 @@ def _encode(
     chunks = discover_chunks(
         list(roots or []),
         files_from,
-        list(include or []),
-        list(exclude or []),
+        include,
+        exclude,
         hidden,
         null,
         str(out),
