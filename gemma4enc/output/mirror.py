@@ -240,16 +240,21 @@ def shard_names(out: Path) -> set[str]:
     return {p.name for p in Path(out).iterdir() if SHARD_RE.match(p.name)}
 
 
+def drop_fetched(out: Path, name: str) -> None:
+    """A shard's copy fetched from a store, removed (a local OUT's shards are never touched)."""
+    if Path(out) in MIRRORS:
+        (Path(out) / name).unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def fetched(out: Path, name: str):
-    """shard_file for one read; a copy fetched from a store is dropped after (verify reads every
-    shard once: the disk holds one at a time)."""
+    """shard_file for one read; a copy fetched from a store is dropped after (verify and the
+    exports read every shard once: the disk holds one at a time)."""
     path = shard_file(out, name)
     try:
         yield path
     finally:
-        if Path(out) in MIRRORS:
-            path.unlink(missing_ok=True)
+        drop_fetched(out, name)
 
 
 @contextlib.contextmanager

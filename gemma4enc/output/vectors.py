@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .npreader import Rows, Shard
-from .mirror import shard_file
+from .mirror import drop_fetched, shard_file
 
 WINDOW = 1 << 12  # pooled rows read at once (stored rows between the wanted ones included)
 
@@ -56,7 +56,11 @@ def records(emb: Rows, per_frame: bool = False, tokens: bool = False, shards=Non
     shards = placed(emb) if shards is None else shards
     for name in sorted(shards):
         rows = sorted(emb.ledger.rows_at(shards[name].tolist()), key=lambda r: r["index"])
-        yield from _shard_records(_open(emb, name), rows, per_frame, tokens)
+        shard = _open(emb, name)
+        try:
+            yield from _shard_records(shard, rows, per_frame, tokens)
+        finally:
+            drop_fetched(emb.out, name)  # OUT in a store: the disk holds one shard at a time
 
 
 def _open(emb: Rows, name: str) -> Shard:

@@ -105,8 +105,10 @@ class TaskEncoder:
             self.store, self.out = Store(out), tempfile.mkdtemp(prefix="gemma4enc-task-")
 
     def _publish(self, local: Path) -> None:
-        self.store.upload(local, local.name)
-        local.unlink(missing_ok=True)
+        try:
+            self.store.upload(local, local.name)
+        finally:
+            local.unlink(missing_ok=True)  # uploaded, or the task fails and is tried again whole
 
     def __call__(self, batch: dict) -> dict:
         from ..output.shards import ShardWriter
