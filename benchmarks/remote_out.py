@@ -47,8 +47,12 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("bench-work"))
     p.add_argument("--json", type=Path)
     a = p.parse_args()
+    import logging
+
     import s3fs
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's log line per request
 
     a.work.mkdir(parents=True, exist_ok=True)
     folder, ckpt = media(a.work, a.files), checkpoint(a.work)
