@@ -94,6 +94,30 @@ def test_an_s3_out_holds_what_a_local_out_does_and_a_rerun_encodes_nothing(s3, g
     assert code == 0 and _summary(output)["files"] == 6 and _summary(output)["out"] == url, output
     code, output = _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0", "--json")
     assert code == 0 and (_summary(output)["encoded"], _summary(output)["done_before"]) == (0, 6), output
+    code, output = _cli("plan", good, "-o", url, "--json")  # planned against the store's manifest
+    assert code == 0 and _summary(output)["done_before"] == 6, output
+    code, output = _cli("search", url, good / "photo0.jpg", "-k", "2", "--json")
+    assert code == 0, output
+    hits = _summary(output)["results"][0]["hits"]
+    assert hits[0]["path"] == str(good / "photo0.jpg") and hits[0]["score"] > 0.999, hits
+
+
+def test_verify_repair_encodes_again_the_files_of_a_shard_gone_from_the_store(s3, good, ckpt, local):
+    url, prefix = f"s3://{BUCKET}/runs/repair", f"{BUCKET}/runs/repair"
+    code, output = _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0",
+                        "--flush-seconds", "0")
+    assert code == 0, output
+    gone = sorted(n for n in _objects(s3, prefix) if n.startswith("shard-"))[0]
+    s3.rm_file(f"{prefix}/{gone}")
+    code, output = _cli("verify", url, "--json")
+    assert code == 1 and gone in _summary(output)["missing_shards"], output
+    code, output = _cli("verify", url, "--repair", "--json")
+    assert code == 0 and _summary(output)["ok"] and _summary(output)["repaired"] >= 1, output
+    latest = {r["path"]: r for r in _latest_rows(s3, prefix)}
+    assert sorted(Path(p).name for p in latest) == sorted(local)
+    assert all(r["status"] == "ok" for r in latest.values())
+    got = _tokens(url)
+    assert set(got) == set(local) and all(torch.equal(t, local[n]) for n, t in got.items())
 
 
 def test_compact_merges_the_parts_into_one_manifest(s3, good, ckpt, local, tmp_path):
@@ -221,3 +245,19 @@ def test_a_bucket_that_is_not_there_is_one_line_and_exit_2(s3, good, ckpt):
     assert code == 2 and "no such bucket" in output and "Traceback" not in output, output
     code, output = _cli("inspect", f"s3://{BUCKET}/never-written")
     assert code == 2 and "no manifest.jsonl" in output and f"s3://{BUCKET}/never-written" in output, output
+
+
+def test_a_run_merges_the_parts_once_they_pile_up(s3, good, ckpt, local, monkeypatch):
+    from gemma4enc.run import encode as run
+
+    monkeypatch.setattr(run, "AUTO_PARTS", 3)
+    url, prefix = f"s3://{BUCKET}/runs/piled", f"{BUCKET}/runs/piled"
+    code, output = _cli("encode", good, "-o", url, "--model", ckpt, *flags(quiet=False), "--workers", "0",
+                        "--flush-seconds", "0")  # a shard and a part per file: six parts
+    assert code == 0 and "merged 6 manifest parts" in output, output
+    names = _objects(s3, prefix)
+    assert not [n for n in names if n.startswith("manifest.parts/")], names
+    rows = [json.loads(line) for line in s3.cat_file(f"{prefix}/manifest.jsonl").decode().splitlines()]
+    assert sorted(Path(r["path"]).name for r in rows) == sorted(local)
+    got = _tokens(url)
+    assert set(got) == set(local) and all(torch.equal(t, local[n]) for n, t in got.items())

@@ -50,9 +50,8 @@ class Mirror:
         self.url = self.store.url
         self.path = Path(tempfile.mkdtemp(prefix="gemma4enc-out-"))
         self.lock: StoreLock | None = None
-        self.run = uuid.uuid4().hex[
-            :8
-        ]  # names this run's parts: whose they were, for a reader of the store
+        # in this run's part names: whose they were, for a reader of the store
+        self.run = uuid.uuid4().hex[:8]
         self.parts: list[str] = []  # the parts the manifest is read from
         self.shards: dict[str, int] = {}  # the store's shards: name → size
         self.found = False  # whether the store holds a manifest at all (an output)
@@ -82,7 +81,7 @@ class Mirror:
         parts = sorted(n for n in self.store.names(PARTS) if _PART.match(n))
         resets = [n for n in parts if n.endswith(COMPACTED)]
         chain = parts[parts.index(resets[-1]) :] if resets else parts
-        base = None if resets else self.store.read(MANIFEST)
+        base = self.store.read(MANIFEST) if MANIFEST in listed and not resets else None
         blobs = ([base] if base is not None else []) + self.store.read_many(chain)
         self.found = bool(blobs)
         manifest = self.path / MANIFEST
@@ -136,7 +135,8 @@ class Mirror:
     def publish(self, local: Path) -> None:
         """A shard just written into the temp folder, uploaded whole, then dropped here (disk stays
         bounded by the shards in flight). Its rows are pushed only after this returns."""
-        self.lock and self.lock.check()
+        if self.lock is not None:
+            self.lock.check()
         self.store.upload(local, local.name)
         self.shards[local.name] = local.stat().st_size
         local.unlink(missing_ok=True)
@@ -158,7 +158,8 @@ class Mirror:
             tail = tail[: tail.rfind(b"\n") + 1]
             if not tail:
                 return
-            self.lock and self.lock.check()
+            if self.lock is not None:
+                self.lock.check()
             name = f"{PARTS}/{self.next_part:012d}-{self.run}{'-' + tag if tag else ''}.jsonl"
             self.store.write(name, tail)
             self.next_part += 1

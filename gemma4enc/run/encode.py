@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import TooManyFailures, UsageError, first_lines, reason
 from ..media.kinds import Item
 from ..options import Options
-from ..output.compact import maybe_compact
+from ..output.compact import compact, maybe_compact
 from ..output.files import MANIFEST
 from ..output.ledger import Ledger
 from ..output.lock import Lock, describe
@@ -229,9 +229,7 @@ def encode_files(
                     for i in todo
                     if (r := ledger.get(i.path)) and r.status != Status.OK
                 ]
-            note = (
-                None if mirror else maybe_compact(out, ledger)
-            )  # a store's parts: `compact` merges them
+            note = compact_parts(mirror, ledger) if mirror else maybe_compact(out, ledger)
             if note:
                 log(note)
     except UsageError:
@@ -259,6 +257,22 @@ def encode_files(
         "engine": options.engine,
         **summary.where,
     }
+
+
+# a run on a store merges its manifest parts into the base once there are this many: a re-run
+# reads every part (a request each), the base in one
+AUTO_PARTS = 1000
+
+
+def compact_parts(mirror, ledger: Ledger) -> str | None:
+    """A store's manifest parts merged into its base once there are AUTO_PARTS (call under its
+    lock, at the end of a run; `compact` does it whatever their number)."""
+    parts = len(mirror.parts)
+    if parts < AUTO_PARTS:
+        return None
+    report = compact(mirror.path, ledger)
+    mirror.commit_compaction()
+    return f"merged {parts} manifest parts into {mirror.url}/{MANIFEST} ({report['rows_after']} rows)"
 
 
 def _record_settings(out: Path, options: Options, extra, mirror) -> None:
