@@ -261,3 +261,24 @@ def test_a_run_merges_the_parts_once_they_pile_up(s3, good, ckpt, local, monkeyp
     assert sorted(Path(r["path"]).name for r in rows) == sorted(local)
     got = _tokens(url)
     assert set(got) == set(local) and all(torch.equal(t, local[n]) for n, t in got.items())
+
+
+def test_compact_prune_on_a_store_rewrites_the_shard_without_the_gone_file(s3, good, ckpt, local, tmp_path):
+    url, prefix = f"s3://{BUCKET}/runs/prune", f"{BUCKET}/runs/prune"
+    media = tmp_path / "media"
+    media.mkdir()
+    for name in ("photo0.jpg", "small.png", "clip.mp4"):
+        (media / name).write_bytes((good / name).read_bytes())
+    code, output = _cli("encode", media, "-o", url, "--model", ckpt, *BASE, "--workers", "0")
+    assert code == 0, output
+    before = [n for n in _objects(s3, prefix) if n.startswith("shard-")]
+    (media / "small.png").unlink()
+    code, output = _cli("compact", url, "--prune", "--json")
+    assert code == 0 and _summary(output)["pruned"] == 1 and _summary(output)["shards_rewritten"] == 1, output
+    after = [n for n in _objects(s3, prefix) if n.startswith("shard-")]
+    assert len(after) == 1 and after != before  # the copy without it replaced the old shard
+    got = _tokens(url)
+    assert sorted(got) == ["clip.mp4", "photo0.jpg"]
+    assert all(torch.equal(t, local[n]) for n, t in got.items())
+    code, output = _cli("verify", url)
+    assert code == 0, output
