@@ -199,3 +199,36 @@ def loopback_s3(*buckets: str, front=None):
         if proxy:
             proxy.stop()
         server.stop()
+
+
+def ray_worker_hook(env: str, body: str) -> str:
+    """A sitecustomize.py for Ray's worker processes that see `env` set: `body` runs (as the code of
+    a function of `window`, *args, **kwargs) in place of the pipeline's `_encode`, whose own
+    function is `encode`. What the OOM killer, a segfault or a hang does to an actor, on cue."""
+    import textwrap
+
+    return f'''
+import os, sys
+if os.environ.get("{env}") and "default_worker.py" in " ".join(sys.argv):
+    import importlib.abc, importlib.util
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "gemma4enc.run.pipeline":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                encode = module._encode
+
+                def _encode(window, *args, **kwargs):
+{textwrap.indent(textwrap.dedent(body).strip(), " " * 20)}
+                module._encode = _encode
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Hook())
+'''

@@ -27,6 +27,7 @@ from .helpers import (
     encode,
     encode_argv,
     flags,
+    ray_worker_hook,
     shard_tokens,
     verify,
 )
@@ -37,37 +38,15 @@ RAY = ["--engine", "ray", "--ray-actors", "2", "--workers", "0"]
 
 # Makes a Ray worker die (os._exit) when it is about to encode always.jpg, every time, and when it is
 # about to encode once.jpg the first time only: what the OOM killer or a segfault does to an actor.
-KILLER = '''
-import os, sys
-if os.environ.get("G4E_TEST_MARKS") and "default_worker.py" in " ".join(sys.argv):
-    import importlib.abc, importlib.util
-
-    class Hook(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "gemma4enc.run.pipeline":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            load = spec.loader.exec_module
-
-            def exec_module(module):
-                load(module)
-                encode = module._encode
-
-                def _encode(window, *args, **kwargs):
-                    for d in window:
-                        name = os.path.basename(d.item.path)
-                        mark = os.path.join(os.environ["G4E_TEST_MARKS"], name)
-                        if name == "always.jpg" or (name == "once.jpg" and not os.path.exists(mark)):
-                            open(mark, "a").write(f"{os.getpid()}\\n")
-                            os._exit(1)
-                    return encode(window, *args, **kwargs)
-                module._encode = _encode
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, Hook())
-'''
+KILLER = ray_worker_hook("G4E_TEST_MARKS", """
+    for d in window:
+        name = os.path.basename(d.item.path)
+        mark = os.path.join(os.environ["G4E_TEST_MARKS"], name)
+        if name == "always.jpg" or (name == "once.jpg" and not os.path.exists(mark)):
+            open(mark, "a").write(f"{os.getpid()}\\n")
+            os._exit(1)
+    return encode(window, *args, **kwargs)
+""")
 
 
 @pytest.fixture(scope="module")

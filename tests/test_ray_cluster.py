@@ -26,7 +26,9 @@ import torch
 import gemma4enc
 
 from .corpus import good_media
-from .helpers import BASE, RUN, by_name, encode, encode_argv, loopback_s3, photo, shard_tokens, verify
+from .helpers import (
+    BASE, RUN, by_name, encode, encode_argv, loopback_s3, photo, ray_worker_hook, shard_tokens, verify
+)
 
 pytest.importorskip("ray.cluster_utils")
 
@@ -35,36 +37,15 @@ HANG_ENV = "G4E_TEST_HANG"
 
 # Set only in the doomed node's raylet environment, so only its workers see it: their first call to
 # the pipeline's _encode writes the task's files to a mark (the test's event) and then never returns.
-HANG = '''
-import os, sys
-if os.environ.get("G4E_TEST_HANG") and "default_worker.py" in " ".join(sys.argv):
-    import importlib.abc, importlib.util
-
-    class Hook(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "gemma4enc.run.pipeline":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            load = spec.loader.exec_module
-
-            def exec_module(module):
-                load(module)
-
-                def _encode(window, *args, **kwargs):
-                    import threading
-                    names = " ".join(os.path.basename(d.item.path) for d in window)
-                    mark = os.path.join(os.environ["G4E_TEST_HANG"], str(os.getpid()))
-                    with open(mark + ".tmp", "w") as f:
-                        f.write(names)
-                    os.replace(mark + ".tmp", mark)  # the test never reads half a mark
-                    threading.Event().wait()  # until the node, and this process with it, is killed
-                module._encode = _encode
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, Hook())
-'''
+HANG = ray_worker_hook(HANG_ENV, """
+    import threading
+    names = " ".join(os.path.basename(d.item.path) for d in window)
+    mark = os.path.join(os.environ["G4E_TEST_HANG"], str(os.getpid()))
+    with open(mark + ".tmp", "w") as f:
+        f.write(names)
+    os.replace(mark + ".tmp", mark)  # the test never reads half a mark
+    threading.Event().wait()  # until the node, and this process with it, is killed
+""")
 
 
 @pytest.fixture(scope="module")
