@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from ..rows import Status
+from .formats import claimed, open_image
 from .frames import DecodeError, Frames
 from .kinds import SNIFF_BYTES, sniff
 from .patches import Fitted, target_size
@@ -30,12 +31,11 @@ def to_rgb(image: Image.Image) -> Image.Image:
         lo, hi = float(np.nanmin(array)), float(np.nanmax(array))
         scale = 255.0 / (hi - lo) if hi > lo else 0.0
         return Image.fromarray(((array - lo) * scale).astype(np.uint8), "L").convert("RGB")
-    if mode == "P" and "transparency" in image.info or mode in ("LA", "PA", "La", "RGBa"):
-        image = image.convert("RGBA")
-        mode = "RGBA"
-    if mode == "RGBA":
+    # transformers' convert_to_rgb: an alpha band, or a colour key (a PNG's tRNS on RGB, grey or a
+    # palette: info["transparency"]), makes RGBA, composited on white; "La"/"RGBa" carry neither
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, image).convert("RGB")
+        return Image.alpha_composite(background, image.convert("RGBA")).convert("RGB")
     return image.convert("RGB") if mode != "RGB" else image
 
 
@@ -76,9 +76,12 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     try:
         with warnings.catch_warnings(), _pillow_limits(max_pixels):
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                frames = getattr(image, "n_frames", 1)
-                image.seek(0)
+            with open_image(path) as image:
+                # PSD's "frames" are its layers, and a bad layer table must not cost the composite
+                frames = 1 if image.format == "PSD" else getattr(image, "n_frames", 1)
+                first = getattr(image, "_min_frame", 0)  # PSD numbers its layers from 1
+                if image.tell() != first:  # as opened: the first frame, or PSD's composite
+                    image.seek(first)
                 if fit is None:
                     image.load()  # lazy open: a truncated file fails here, inside the try
                     rgb = to_rgb(ImageOps.exif_transpose(image))
@@ -91,11 +94,11 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     except Image.UnidentifiedImageError:
         if isinstance(path, str):
             with open(path, "rb") as f:
-                looks_like_image = sniff(f.read(SNIFF_BYTES)) == "image"
+                head = f.read(SNIFF_BYTES)
         else:  # a file object (a URL's, a tar member's)
             path.seek(0)
-            looks_like_image = sniff(path.read(SNIFF_BYTES)) == "image"
-        if looks_like_image:
+            head = path.read(SNIFF_BYTES)
+        if sniff(head) == "image" or claimed(head[:16]):  # 16: the bytes Pillow's checks see
             raise DecodeError(Status.DECODE_ERROR, "corrupt image: its header is unreadable") from None
         raise DecodeError(
             Status.UNSUPPORTED, "the content is not an image format Pillow reads"

@@ -7,27 +7,31 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-IMAGE_EXTS = {
-    ".jpg",
-    ".jpeg",
-    ".png",
-    ".gif",
-    ".webp",
-    ".bmp",
-    ".tif",
-    ".tiff",
-    ".avif",
-    ".jfif",
-    ".ppm",
-    ".pgm",
-    ".pbm",
-    ".ico",
-    ".tga",
-    ".heic",
-    ".heif",
-    ".hif",
-    ".apng",
-    ".jxl",
+IMAGE_EXTS = {  # every extension of a still format Pillow reads (PILLOW_LEFT_OUT: those it does not)
+    *(".jpg", ".jpeg", ".jpe", ".jfif", ".mpo", ".png", ".apng", ".gif", ".webp", ".bmp", ".dib"),
+    *(".tif", ".tiff", ".avif", ".avifs", ".heic", ".heif", ".hif", ".jxl", ".ico", ".cur"),
+    *(".ppm", ".pgm", ".pbm", ".pnm", ".pfm", ".tga", ".icb", ".vda", ".vst", ".psd", ".dds"),
+    *(".jp2", ".j2k", ".jpc", ".jpf", ".jpx", ".j2c", ".qoi", ".pcx", ".dcx", ".icns", ".blp"),
+    *(".sgi", ".bw", ".rgb", ".rgba", ".fit", ".fits", ".xpm", ".xbm", ".im", ".msp", ".ras"),
+    *(".pxr", ".pcd", ".ftc", ".ftu", ".gbr", ".fli", ".flc"),
+}
+
+# Formats Pillow registers that are neither walked nor tried (docs/commands.md lists them too);
+# tests/test_formats.py checks this against the installed Pillow, so a new one is a decision
+PILLOW_LEFT_OUT = {
+    "EPS": "PostScript: Pillow reads it by running Ghostscript, an interpreter, on the file",
+    "WMF": "WMF/EMF vector drawings: Pillow renders them only on Windows",
+    "MPEG": "a video: Pillow reads only its header (.mpg/.mpeg go to the video decoders)",
+    "BUFR": "a stub: Pillow reads nothing without a handler the application registers",
+    "GRIB": "a stub: Pillow reads nothing without a handler the application registers",
+    "HDF5": "a stub: Pillow reads nothing without a handler the application registers",
+    "IPTC": "IPTC/NAA records (.iim): a newsroom wrapper with no sample or writer to test it",
+    "FPX": "FlashPix: needs olefile, not a dependency",
+    "MIC": "Microsoft Image Composer: needs olefile, not a dependency",
+    "IMT": "no extension of its own and no magic bytes: nothing to know such a file by",
+    "SPIDER": "no extension of its own and no magic bytes: nothing to know such a file by",
+    "MCIDAS": "no extension of its own: a walk cannot tell it from any other file",
+    "XVTHUMB": "no extension of its own: a walk cannot tell it from any other file",
 }
 
 
@@ -63,6 +67,16 @@ VIDEO_EXTS = {
 
 SNIFF_BYTES = 32
 
+ICO_CUR = (b"\x00\x00\x01\x00", b"\x00\x00\x02\x00")
+JP2 = b"\x00\x00\x00\x0cjP  \r\n\x87\n"  # the JPEG 2000 file signature box
+# the first bytes of PSD, DDS, QOI, ICNS, BLP (2 versions), JPEG 2000 codestreams, Sun raster,
+# DCX, SGI (magic + storage + bytes per channel); formats whose magic is a short or textual
+# (PNM's "P6", MSP, PCX, TGA: none) are known by their extension only, so no text file is taken
+STILL_MAGIC = (
+    *(b"8BPS\x00\x01", b"DDS |\x00\x00\x00", b"qoif", b"icns", b"BLP1", b"BLP2", b"\xffO\xffQ"),
+    *(b"Y\xa6j\x95", b":\xdeh\xb1", *(b"\x01\xda" + bytes([s, c]) for s in (0, 1) for c in (1, 2))),
+)
+
 
 @dataclass(frozen=True, slots=True)  # slots: a million of them fit in ~100 MB
 class Item:
@@ -82,7 +96,9 @@ def sniff(head: bytes) -> str | None:
     """The kind a file's first bytes say, or None when they say nothing we know."""
     if head[:3] == b"\xff\xd8\xff" or head[:8] == b"\x89PNG\r\n\x1a\n" or head[:4] in (b"GIF8",):
         return "image"
-    if head[:2] == b"BM" or head[:4] in (b"II*\x00", b"MM\x00*") or head[:4] == b"\x00\x00\x01\x00":
+    if head[:2] == b"BM" or head[:4] in (b"II*\x00", b"MM\x00*") or head[:4] in ICO_CUR:
+        return "image"
+    if head.startswith(STILL_MAGIC) or head[:12] == JP2 or head[:9] in (b"SIMPLE  =", b"/* XPM */"):
         return "image"
     if head[:4] == b"RIFF":
         return {b"WEBP": "image", b"AVI ": "video"}.get(head[8:12])
