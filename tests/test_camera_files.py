@@ -258,3 +258,40 @@ def test_nearest_seek_reaches_the_row_and_the_settings(tmp_path):
     for bad in ("nearest:0", "nearest:-1", "nearest:x", "near"):
         with pytest.raises(Exception, match="--seek"):
             Options(seek=bad)
+
+
+def _stream_seconds(path) -> float:
+    """The video stream's length as PyAV gives it: the stream's duration, or (MKV/WebM, which keep
+    it per track as a tag) the DURATION tag FFmpeg's Matroska demuxer reads."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        if stream.duration:
+            return float(stream.duration * stream.time_base)
+        h, m, s = stream.metadata["DURATION"].split(":")
+        return int(h) * 3600 + int(m) * 60 + float(s)
+
+
+@pytest.mark.parametrize("name", ["clip.mp4", "clip.mov", "clip.mkv", "clip.webm", "clip.ts", "mpeg4.avi"])
+@pytest.mark.parametrize("backend", ["pyav", "decord"])
+def test_duration_is_the_streams_not_the_last_frames_start(tmp_path, name, backend):
+    """132 frames at 25 fps last 5.28 s; the last one starts at 5.24 s."""
+    if backend == "decord":
+        pytest.importorskip("decord")
+    codec = {"webm": "libvpx-vp9", "avi": "mpeg4"}.get(name.rsplit(".", 1)[1], "libx264")
+    path = write_clip(tmp_path / name, codec, frames=132)
+    expected = _stream_seconds(path)
+    assert expected == pytest.approx(5.28, abs=1e-6)
+    got = decode_video(str(path), Sampling(frames=4), backend)
+    assert got.info["duration"] == pytest.approx(expected, abs=1e-6)
+    assert got.info["total_frames"] == 132  # the last starts at 5.24 s, what the row said before
+
+
+def test_a_cut_file_s_duration_is_what_is_there(tmp_path):
+    whole = write_clip(tmp_path / "clip.mkv", "libx264")
+    cut = tmp_path / "cut.mkv"
+    data = whole.read_bytes()
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    got = decode_video(str(cut), Sampling(frames=4), "pyav")
+    assert got.info["truncated"] and got.info["duration"] == pytest.approx(got.info["total_frames"] / 25, abs=1e-6)

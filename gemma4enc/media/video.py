@@ -103,7 +103,7 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str =
         "codec": codec,
         "total_frames": len(times),
         "fps": fps,
-        "duration": float(times[-1]),
+        "duration": round(index.seconds, 6),
         "missing": missing,
         "truncated": index.truncated,
         "height": size[0][0],
@@ -271,7 +271,8 @@ def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str
     total = len(reader)
     if total == 0:
         raise DecodeError(Status.EMPTY, "the video stream has no frames")
-    times = reader.get_frame_timestamp(np.arange(total))[:, 0]
+    stamps = reader.get_frame_timestamp(np.arange(total))  # (start, end) of each frame, seconds
+    times = stamps[:, 0]
     wanted = sampling.indices(total, times)
     if seek == "keyframe":
         wanted = snap_to_keyframes(wanted, sorted(int(k) for k in reader.get_key_indices()))
@@ -292,7 +293,7 @@ def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str
         "backend": "decord",
         "total_frames": total,
         "fps": float(reader.get_avg_fps()),
-        "duration": float(times[-1]),
+        "duration": round(float(stamps[:, 1].max()), 6),  # where the last frame ends, as PyAV's
         "height": int(batch.shape[1]),
         "width": int(batch.shape[2]),
     }

@@ -31,6 +31,7 @@ class Index:
     by_count: bool = False  # pts do not number the frames (MPEG-PS): count them as decoded
     packets: int = 0  # video packets with data: one frame each (FFmpeg's parsers split frames so)
     header: dict = field(default_factory=dict)  # what the header claimed (frames, seconds)
+    seconds: float = 0.0  # the stream's duration (see length)
 
 
 def scan(container, stream) -> Index:
@@ -39,6 +40,7 @@ def scan(container, stream) -> Index:
     packets, by_count = 0, False
     first_dts = None
     video_end = None  # pts + duration of the last video packet, in the stream's units
+    last = None  # the last frame's (pts, duration): where the stream ends when the header does not say
     other_end = 0.0  # seconds, absolute: the furthest any other stream reaches
     for packet in container.demux():
         if packet.stream.index != stream.index:
@@ -62,6 +64,8 @@ def scan(container, stream) -> Index:
             dts[packet.pts] = packet.dts if packet.dts is not None else packet.pts
         end = packet.pts + (packet.duration or 0)
         video_end = end if video_end is None else max(video_end, end)
+        if last is None or packet.pts > last[0]:
+            last = (packet.pts, packet.duration)
     order = np.array(sorted(pts), dtype=np.int64)
     index = Index(
         order,
@@ -73,7 +77,23 @@ def scan(container, stream) -> Index:
     index.by_count, index.packets = by_count, packets
     if len(order):
         index.truncated, index.header = _cut(container, stream, packets, video_end, other_end)
+        index.seconds = length(stream, index, last)
     return index
+
+
+def length(stream, index: Index, last: tuple[int, int | None]) -> float:
+    """The stream's duration in seconds, not its last frame's start: the header's (MP4, MOV, AVI;
+    FFmpeg's reading of the first and last stamps for MPEG-TS) unless the stream is cut short;
+    else (MKV/WebM keep it per file, a cut file has lost its end) where the last frame ends."""
+    fps = float(stream.average_rate or 0) or 30.0
+    if stream.duration and not index.truncated:
+        return float(stream.duration * stream.time_base)
+    if index.by_count:  # no reliable stamps (MPEG-PS): the frames there, at the stream's rate
+        return index.packets / fps
+    tb = float(stream.time_base)
+    start = stream.start_time if stream.start_time is not None else int(index.order[0])
+    pts, duration = last
+    return (pts - start) * tb + (duration * tb if duration else 1 / fps)  # no duration: one frame
 
 
 def _cut(container, stream, frames: int, video_end: int, other_end: float) -> tuple[bool, dict]:
