@@ -6,6 +6,7 @@ the readers and exports work on the URL."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -102,8 +103,9 @@ def test_an_s3_out_holds_what_a_local_out_does_and_a_rerun_encodes_nothing(s3, g
     assert hits[0]["path"] == str(good / "photo0.jpg") and hits[0]["score"] > 0.999, hits
 
 
-def test_verify_repair_encodes_again_the_files_of_a_shard_gone_from_the_store(s3, good, ckpt, local):
+def test_verify_repair_encodes_again_the_files_of_a_shard_gone_from_the_store(s3, good, ckpt, local, tmp_path):
     url, prefix = f"s3://{BUCKET}/runs/repair", f"{BUCKET}/runs/repair"
+    good = shutil.copytree(good, tmp_path / "media", copy_function=shutil.copy2)  # a copy: it moves below
     code, output = _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0",
                         "--flush-seconds", "0")
     assert code == 0, output
@@ -116,8 +118,19 @@ def test_verify_repair_encodes_again_the_files_of_a_shard_gone_from_the_store(s3
     latest = {r["path"]: r for r in _latest_rows(s3, prefix)}
     assert sorted(Path(p).name for p in latest) == sorted(local)
     assert all(r["status"] == "ok" for r in latest.values())
+    # the repaired rows keep where each file sat: a moved folder is recognised, exports say rel
+    assert all((r["root"], r["rel"]) == (str(good), Path(p).name) for p, r in latest.items()), latest
     got = _tokens(url)
     assert set(got) == set(local) and all(torch.equal(t, local[n]) for n, t in got.items())
+    moved = shutil.move(good, tmp_path / "moved")  # a rename keeps the mtimes
+    code, output = _cli("encode", moved, "-o", url, "--model", ckpt, *BASE, "--workers", "0", "--json")
+    assert code == 0 and _summary(output)["encoded"] == 0, output
+    code, output = _cli("export", url, tmp_path / "pq", "--to", "parquet")
+    assert code == 0, output
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pq.read_table(tmp_path / "pq" / "data").to_pylist()
+    assert {(r["path"], r["rel"]) for r in table if r["path"].startswith(str(moved))} == {
+        (str(Path(moved) / n), n) for n in local}
 
 
 def test_compact_merges_the_parts_into_one_manifest(s3, good, ckpt, local, tmp_path):

@@ -82,11 +82,17 @@ def _repair(out: str, shards: list[str]) -> int:
         mark_lost(folder, set(shards), ledger)
         if mirror is not None:
             mirror.push()
-        paths = [p for p, e in ledger.entries() if e.status == LOST]
-    there = [p for p in paths if exists(p)]  # a gone input keeps its lost row; verify says so
-    if there:
-        run_encode(there, out)  # its rows say how each file went; the second verify tells
-    return len(paths)
+        lost = [(p, e.root) for p, e in ledger.entries() if e.status == LOST]
+    # each file under the root its row records: its new row keeps `root` and `rel` (a moved
+    # folder is still recognised, exports say where it sat); a gone input keeps its lost row
+    found = [(p, root, _rel(p, root)) for p, root in lost if exists(p)]
+    if found:
+        run_encode(None, out, found=found)  # its rows say how each file went; the second verify tells
+    return len(lost)
+
+
+def _rel(path: str, root: str | None) -> str | None:
+    return path[len(root) :].lstrip("/") if root else None
 
 
 @command()
