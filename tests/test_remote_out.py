@@ -295,3 +295,22 @@ def test_compact_prune_on_a_store_rewrites_the_shard_without_the_gone_file(s3, g
     assert all(torch.equal(t, local[n]) for n, t in got.items())
     code, output = _cli("verify", url)
     assert code == 0, output
+
+
+def test_files_from_takes_a_list_kept_in_the_store(s3, good, ckpt, tmp_path):
+    """--files-from s3://…: the list beside the data is read through the store, as OUT and ROOTS are;
+    a list that is not there is one line, exit 2, and nothing is made locally."""
+    for name in ("photo0.jpg", "small.png"):
+        s3.put(str(good / name), f"{BUCKET}/listed/{name}")
+    s3.pipe(f"{BUCKET}/listed/list.txt", "".join(f"s3://{BUCKET}/listed/{n}\n" for n in ("photo0.jpg",
+                                                                                         "small.png")).encode())
+    out = tmp_path / "out"
+    code, output = _cli("encode", "--files-from", f"s3://{BUCKET}/listed/list.txt", "-o", out, "--model", ckpt,
+                        *BASE, "--workers", "0")
+    assert code == 0 and _summary(output)["encoded"] == 2, output
+    code, output = _cli("plan", "--files-from", f"s3://{BUCKET}/listed/list.txt", "-o", out, "--json")
+    assert code == 0 and _summary(output)["done_before"] == 2, output
+    code, output = _cli("encode", "--files-from", f"s3://{BUCKET}/listed/nope.txt", "-o", tmp_path / "o2",
+                        "--model", ckpt, *BASE)
+    assert code == 2 and f"--files-from s3://{BUCKET}/listed/nope.txt" in output, output
+    assert not (tmp_path / "o2").exists()

@@ -13,7 +13,7 @@ from ..options import Options, parse_size
 from ..output.files import not_an_output
 from ..output.mirror import local_out, locked_out
 from .app import command
-from .flags import Json, OutFolder, Quiet
+from .flags import Json, OutFolder, Quiet, local_path
 from .log import Bar
 
 
@@ -132,7 +132,7 @@ def compact(
 @command()
 def export(
     out: OutFolder,
-    dest: Annotated[Path, typer.Argument(help="Folder to write (new or empty; see --overwrite).")],
+    dest: Annotated[str, typer.Argument(help="Folder to write (new or empty; see --overwrite).")],
     to: Annotated[
         str,
         typer.Option(
@@ -185,6 +185,7 @@ def export(
     """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
     from ..output.export import export as run_export
 
+    dest = local_path(dest, "export's DIR")  # before OUT is read: nothing fetched for nothing
     with local_out(out, need=True) as folder:
         report = run_export(
             folder,
