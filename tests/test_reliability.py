@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from gemma4enc.commands.cli import app
@@ -152,6 +153,47 @@ def test_hash_sees_content_not_touches(good, ckpt, tmp_path):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert json.loads(encode(args).stdout)["encoded"] == 0  # size + mtime cannot see it
     assert json.loads(encode([*args, "--hash"]).stdout)["encoded"] == 1
+
+
+def test_turning_hash_on_never_vouches_for_older_content(good, ckpt, tmp_path):
+    """An OUT made without --hash, then a same-size, same-mtime rewrite in place (rsync --inplace,
+    a camera rewriting a file): a --hash run must not write the new bytes' sha256 onto tokens of
+    the old ones. Every row without a hash is encoded again, and its hash is of what was read."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    media = tmp_path / "media"
+    shutil.copytree(good, media)
+    out = tmp_path / "out"
+    args = [media, "-o", out, "--model", ckpt, *BASE, "--workers", "0"]
+    assert encode(args).exit_code == 0
+    path = media / "photo2.jpg"
+    st = path.stat()
+    photo(*Image.open(path).size[::-1], seed=99).save(tmp_path / "other.jpg", quality=50)
+    other = (tmp_path / "other.jpg").read_bytes()
+    data = (other + bytes(st.st_size))[: st.st_size]  # another picture, the same size
+    with open(path, "r+b") as f:  # in place: same inode
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert json.loads(encode(args).stdout)["encoded"] == 0  # size + mtime cannot see it
+    hashed = json.loads(encode([*args, "--hash"]).stdout)
+    assert hashed["encoded"] == hashed["files"] == 6  # no row could vouch for its bytes
+    import gemma4enc
+
+    rows = {Path(p).name: row for p, row in gemma4enc.open(out).ok_rows()}
+    assert len(rows) == 6
+    for name, row in rows.items():
+        assert row["sha256"] == hashlib.sha256((media / name).read_bytes()).hexdigest(), name
+    alone = tmp_path / "alone"  # the new content encoded on its own: what the row must hold
+    assert encode([path, "-o", alone, "--model", ckpt, *BASE, "--workers", "0"]).exit_code == 0
+    assert torch.equal(gemma4enc.open(out)[path], gemma4enc.open(alone)[path])
+    assert json.loads(encode([*args, "--hash"]).stdout)["encoded"] == 0  # and now the hashes stand
+    dest = tmp_path / "exported"
+    assert RUN.invoke(app, ["export", str(out), str(dest), "--to", "parquet"]).exit_code == 0
+    table = pq.read_table(dest / "data").to_pylist()
+    assert {Path(r["path"]).name: r["sha256"] for r in table} == {n: r["sha256"] for n, r in rows.items()}
 
 
 def test_overwrite_is_needed_to_change_settings(good, ckpt, tmp_path):

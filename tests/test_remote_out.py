@@ -6,6 +6,7 @@ the readers and exports work on the URL."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -102,8 +103,9 @@ def test_an_s3_out_holds_what_a_local_out_does_and_a_rerun_encodes_nothing(s3, g
     assert hits[0]["path"] == str(good / "photo0.jpg") and hits[0]["score"] > 0.999, hits
 
 
-def test_verify_repair_encodes_again_the_files_of_a_shard_gone_from_the_store(s3, good, ckpt, local):
+def test_verify_repair_encodes_again_the_files_of_a_shard_gone_from_the_store(s3, good, ckpt, local, tmp_path):
     url, prefix = f"s3://{BUCKET}/runs/repair", f"{BUCKET}/runs/repair"
+    good = shutil.copytree(good, tmp_path / "media", copy_function=shutil.copy2)  # a copy: it moves below
     code, output = _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0",
                         "--flush-seconds", "0")
     assert code == 0, output
@@ -116,8 +118,19 @@ def test_verify_repair_encodes_again_the_files_of_a_shard_gone_from_the_store(s3
     latest = {r["path"]: r for r in _latest_rows(s3, prefix)}
     assert sorted(Path(p).name for p in latest) == sorted(local)
     assert all(r["status"] == "ok" for r in latest.values())
+    # the repaired rows keep where each file sat: a moved folder is recognised, exports say rel
+    assert all((r["root"], r["rel"]) == (str(good), Path(p).name) for p, r in latest.items()), latest
     got = _tokens(url)
     assert set(got) == set(local) and all(torch.equal(t, local[n]) for n, t in got.items())
+    moved = shutil.move(good, tmp_path / "moved")  # a rename keeps the mtimes
+    code, output = _cli("encode", moved, "-o", url, "--model", ckpt, *BASE, "--workers", "0", "--json")
+    assert code == 0 and _summary(output)["encoded"] == 0, output
+    code, output = _cli("export", url, tmp_path / "pq", "--to", "parquet")
+    assert code == 0, output
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pq.read_table(tmp_path / "pq" / "data").to_pylist()
+    assert {(r["path"], r["rel"]) for r in table if r["path"].startswith(str(moved))} == {
+        (str(Path(moved) / n), n) for n in local}
 
 
 def test_compact_merges_the_parts_into_one_manifest(s3, good, ckpt, local, tmp_path):
@@ -282,3 +295,22 @@ def test_compact_prune_on_a_store_rewrites_the_shard_without_the_gone_file(s3, g
     assert all(torch.equal(t, local[n]) for n, t in got.items())
     code, output = _cli("verify", url)
     assert code == 0, output
+
+
+def test_files_from_takes_a_list_kept_in_the_store(s3, good, ckpt, tmp_path):
+    """--files-from s3://…: the list beside the data is read through the store, as OUT and ROOTS are;
+    a list that is not there is one line, exit 2, and nothing is made locally."""
+    for name in ("photo0.jpg", "small.png"):
+        s3.put(str(good / name), f"{BUCKET}/listed/{name}")
+    s3.pipe(f"{BUCKET}/listed/list.txt", "".join(f"s3://{BUCKET}/listed/{n}\n" for n in ("photo0.jpg",
+                                                                                         "small.png")).encode())
+    out = tmp_path / "out"
+    code, output = _cli("encode", "--files-from", f"s3://{BUCKET}/listed/list.txt", "-o", out, "--model", ckpt,
+                        *BASE, "--workers", "0")
+    assert code == 0 and _summary(output)["encoded"] == 2, output
+    code, output = _cli("plan", "--files-from", f"s3://{BUCKET}/listed/list.txt", "-o", out, "--json")
+    assert code == 0 and _summary(output)["done_before"] == 2, output
+    code, output = _cli("encode", "--files-from", f"s3://{BUCKET}/listed/nope.txt", "-o", tmp_path / "o2",
+                        "--model", ckpt, *BASE)
+    assert code == 2 and f"--files-from s3://{BUCKET}/listed/nope.txt" in output, output
+    assert not (tmp_path / "o2").exists()

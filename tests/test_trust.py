@@ -119,6 +119,7 @@ def test_reruns_heal_lost_shards_and_verify_repair(pics, ckpt, tmp_path):
 
     import gemma4enc
 
+    pics = shutil.copytree(pics, tmp_path / "media")  # a copy: it moves below
     out = tmp_path / "out"
     assert encode([pics, "-o", out, "--model", ckpt, *BASE, "--shard-size", "1"]).exit_code == 0
     before = {p: gemma4enc.open(out)[p].clone() for p in gemma4enc.open(out)}
@@ -146,6 +147,21 @@ def test_reruns_heal_lost_shards_and_verify_repair(pics, ckpt, tmp_path):
     assert report["ok"] and report["repaired"] == held >= 1 and not report["warnings"]
     emb = gemma4enc.open(out)
     assert all(close(emb[p], t, 1e-5) for p, t in before.items())  # another process: other thread count
+    # the repaired rows keep where each file sat: a moved folder is recognised, exports say rel
+    rows = rows_of(out)
+    assert {(r["root"], r["rel"]) for r in rows.values()} == {(str(pics), Path(p).name) for p in before}
+    moved = tmp_path / "moved"
+    shutil.copytree(pics, moved, copy_function=shutil.copy2)  # copy2 keeps the mtimes, as a move does
+    shutil.rmtree(pics)
+    again = encode([moved, "-o", out, "--model", ckpt, *BASE])
+    assert again.exit_code == 0 and json.loads(again.stdout)["encoded"] == 0, again.output
+    dest = tmp_path / "exported"
+    assert RUN.invoke(app, ["export", str(out), str(dest), "--to", "parquet"]).exit_code == 0
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(dest / "data").to_pylist()  # the old paths' rows too, until compact --prune
+    assert sorted((r["path"], r["rel"]) for r in table) == sorted(
+        (str(folder / Path(p).name), Path(p).name) for p in before for folder in (pics, moved))
 
 
 def test_files_from_null_listed_folders_and_out_inside_a_root(pics, ckpt, tmp_path):
@@ -367,9 +383,9 @@ def test_a_moved_folder_is_not_encoded_again(pics, ckpt, tmp_path):
     for rel, tokens in before.items():
         row = emb.row(new / rel)
         assert row["root"] == str(new) and row["rel"] == rel and torch.equal(emb[new / rel], tokens)
-    # turning on --hash hashes what is there and keeps it
+    # turning on --hash encodes again what has no hash (a row cannot say which bytes it came from)
     hashed = encode([new, "-o", out, "--model", ckpt, *BASE, "--hash"])
-    assert hashed.exit_code == 0 and json.loads(hashed.stdout)["encoded"] == 0
+    assert hashed.exit_code == 0 and json.loads(hashed.stdout)["encoded"] == len(before)
     assert all(emb_row.get("sha256") for p, emb_row in rows_of(out).items() if p.startswith(str(new)))
     # copied elsewhere (new mtimes): with --hash the content decides, and it is the same
     copy = tmp_path / "copy"

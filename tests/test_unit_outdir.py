@@ -83,16 +83,17 @@ def test_with_hash_the_content_decides(media, tmp_path):
     append_rows(out, [
         row_for(touched, mtime_ns=st.st_mtime_ns, sha256=digest["g"]),  # touched only: same content
         row_for(media / "h.png", sha256="0" * 64),  # same size and mtime, other content
-        row_for(media / "i.png"),  # encoded before --hash was turned on, unchanged
+        # encoded before --hash was turned on: its tokens may be of older bytes of the same size
+        # and mtime, so no hash of today's bytes is written onto it; it is encoded again
+        row_for(media / "i.png"),
         row_for(media / "j.png", mtime_ns=1),  # no hash recorded and another mtime: cannot tell, so again
     ])
     items = [i for i in discover([str(media)])[0] if os.path.basename(i.path)[0] in "ghij"]
     assert names(still_to_do(items, out, Options())) == ["g.png", "j.png"]  # size + mtime only: h is missed
-    assert names(still_to_do(items, out, Options(hash=True))) == ["h.png", "j.png"]
+    assert names(still_to_do(items, out, Options(hash=True))) == ["h.png", "i.png", "j.png"]
     refreshed = {Path(r["path"]).name: r for r in manifest(out)[4:]}
-    assert sorted(refreshed) == ["g.png", "i.png"]
+    assert sorted(refreshed) == ["g.png"]
     assert refreshed["g.png"]["mtime_ns"] == st.st_mtime_ns + 10**9 and refreshed["g.png"]["sha256"] == digest["g"]
-    assert refreshed["i.png"]["sha256"] == digest["i"]
 
 
 def test_a_file_under_a_moved_root_adopts_its_row(media, tmp_path):

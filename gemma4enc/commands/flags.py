@@ -92,6 +92,20 @@ OutFolder = Annotated[
 ]
 Json = Annotated[bool, Opt("--json", help="Print a JSON summary on stdout.")]
 Quiet = Annotated[bool, Opt("--quiet", "-q", help="No progress or messages on stderr.")]
+# str, not Path, as every path below: a Path folds s3://b/x into a local folder "s3:" (see local_path)
 LogFile = Annotated[
-    Optional[Path], Opt("--log-file", help="Also append every message, timestamped, to this file.")
+    Optional[str], Opt("--log-file", metavar="<path>", help="Also append every message, timestamped, to this file.")
 ]
+
+
+def local_path(value, what: str) -> Path | None:
+    """A path gemma4enc writes or walks on this machine only (a log, a report, demo's and bench's
+    folders, export's DEST): a URL is refused in one line (exit 2), never made a folder `s3:`."""
+    from ..errors import UsageError
+    from ..media.remote import is_url
+
+    if value is None:
+        return None
+    if is_url(str(value)):
+        raise UsageError(f"{value}: {what} must be a local path, not a URL")
+    return Path(value)

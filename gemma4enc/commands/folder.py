@@ -13,7 +13,7 @@ from ..options import Options, parse_size
 from ..output.files import not_an_output
 from ..output.mirror import local_out, locked_out
 from .app import command
-from .flags import Json, OutFolder, Quiet
+from .flags import Json, OutFolder, Quiet, local_path
 from .log import Bar
 
 
@@ -82,11 +82,17 @@ def _repair(out: str, shards: list[str]) -> int:
         mark_lost(folder, set(shards), ledger)
         if mirror is not None:
             mirror.push()
-        paths = [p for p, e in ledger.entries() if e.status == LOST]
-    there = [p for p in paths if exists(p)]  # a gone input keeps its lost row; verify says so
-    if there:
-        run_encode(there, out)  # its rows say how each file went; the second verify tells
-    return len(paths)
+        lost = [(p, e.root) for p, e in ledger.entries() if e.status == LOST]
+    # each file under the root its row records: its new row keeps `root` and `rel` (a moved
+    # folder is still recognised, exports say where it sat); a gone input keeps its lost row
+    found = [(p, root, _rel(p, root)) for p, root in lost if exists(p)]
+    if found:
+        run_encode(None, out, found=found)  # its rows say how each file went; the second verify tells
+    return len(lost)
+
+
+def _rel(path: str, root: str | None) -> str | None:
+    return path[len(root) :].lstrip("/") if root else None
 
 
 @command()
@@ -126,7 +132,7 @@ def compact(
 @command()
 def export(
     out: OutFolder,
-    dest: Annotated[Path, typer.Argument(help="Folder to write (new or empty; see --overwrite).")],
+    dest: Annotated[str, typer.Argument(help="Folder to write (new or empty; see --overwrite).")],
     to: Annotated[
         str,
         typer.Option(
@@ -179,6 +185,7 @@ def export(
     """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
     from ..output.export import export as run_export
 
+    dest = local_path(dest, "export's DIR")  # before OUT is read: nothing fetched for nothing
     with local_out(out, need=True) as folder:
         report = run_export(
             folder,

@@ -15,6 +15,7 @@ from ..errors import UsageError
 from ..options import Options, format_size, parse_size
 from .app import DEFAULT, EPILOG, command, exit_for
 from .flags import (
+    local_path,
     Backend,
     Batching,
     Compile,
@@ -116,7 +117,7 @@ def encode(
 
     start = time.perf_counter()
     try:
-        say = Sink(quiet, log_file)
+        say = Sink(quiet, local_path(log_file, "--log-file"))
     except OSError as e:
         raise UsageError(f"--log-file {log_file}: {e.strerror or e}") from None
     if ctx is not None and "log_handler" in ctx.meta:
@@ -344,11 +345,13 @@ def _not_done(items, ledger) -> list:
 @command()
 def demo(
     folder: Annotated[
-        Path, typer.Argument(help="Where to put the demo checkpoint, media and output.")
-    ] = Path("demo"),
+        str, typer.Argument(help="Where to put the demo checkpoint, media and output.")
+    ] = "demo",
 ):
     """Run the real pipeline on generated media with a tiny random checkpoint (no hub needed)."""
     from ..dev.demo import make_demo
+
+    folder = local_path(folder, "demo's FOLDER")
 
     ckpt, media = make_demo(folder)
     typer.echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)

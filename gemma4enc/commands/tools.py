@@ -10,13 +10,13 @@ import typer
 
 from ..errors import UsageError
 from .app import command
-from .flags import Device, Dtype, Json, MaxPatches, Workers
+from .flags import Device, Dtype, Json, MaxPatches, Workers, local_path
 
 
 @command()
 def bench(
     folder: Annotated[
-        Optional[Path],
+        Optional[str],
         typer.Argument(
             help="--e2e: measure a sample of this folder instead of the generated real-size set.",
             show_default=False,
@@ -67,10 +67,11 @@ def bench(
     ] = None,
     workers: Workers = None,
     json_path: Annotated[
-        Optional[Path], typer.Option("--json", help="Also write the report as JSON here.")
+        Optional[str], typer.Option("--json", metavar="<path>", help="Also write the report as JSON here.")
     ] = None,
 ):
     """Benchmark hf-padded, serial, bucket and pack side by side (items/s, patches/s, memory, MFU)."""
+    folder, json_path = local_path(folder, "bench's FOLDER"), local_path(json_path, "--json")
     if folder is not None and not e2e:
         raise UsageError("a FOLDER is measured only with --e2e")
     if folder is not None and not folder.is_dir():

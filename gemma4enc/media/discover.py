@@ -114,6 +114,8 @@ def _listed(files_from: str, null: bool = False) -> list[str]:
     try:  # bytes: no newline translation, and names that are not UTF-8 survive (as os.listdir's do)
         if files_from == "-":
             raw = sys.stdin.buffer.read()
+        elif remote.is_url(files_from):  # a list kept beside the data, in its store
+            raw = remote.read_bytes(files_from)
         else:
             with open(files_from, "rb") as f:
                 raw = f.read()

@@ -126,6 +126,17 @@ def first_bytes(url: str, n: int) -> bytes:
     return fs.cat_file(path, start=0, end=n)
 
 
+def read_bytes(url: str) -> bytes:
+    """A whole object (a --files-from list); its store's no is an OSError, as a local file's."""
+    fs, path = filesystem(url)
+    try:
+        return fs.cat_file(path)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - each protocol names its failures its own way
+        raise OSError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+
+
 def open_url(url: str):
     """A seekable binary file object for `url` (fsspec's, read ahead in blocks)."""
     fs, path = filesystem(url)

@@ -84,6 +84,8 @@ def still_to_do(
 
     Size + mtime_ns decide; with --hash, a file whose size matches is also hashed, and a file
     only touched (same sha256) keeps its tokens and gets a refreshed row instead of a re-encode.
+    A row with no sha256 (made without --hash) is encoded again under --hash: a hash is only ever
+    written for the bytes the tokens were made from.
     A file with no row under its path but an ok row with its path relative to its root, size and
     mtime is the same file under a moved or remounted root when the old path is gone (or is this
     file), and its row is adopted; with --hash, a matching sha256 adopts it wherever the old one is.
@@ -104,16 +106,20 @@ def still_to_do(
         elif options.hash and row.status == Status.OK and not item.error:
             from ..media.workers import sha256
 
+            saved = ledger.digest(item.path)
+            if saved is None:
+                # a row made without --hash cannot say which bytes its tokens came from (a
+                # same-size, same-mtime rewrite looks unchanged): hashing what is there now onto
+                # it could vouch for tokens of older content. Encoded again, its row's hash is
+                # that of the bytes the tokens are made from.
+                todo.append(item)
+                continue
             try:
                 digest = sha256(item.path, item.root, item.rel)
             except OSError:
                 todo.append(item)  # let decode say why it cannot be read
                 continue
-            if ledger.digest(item.path) is None and row.mtime_ns == item.mtime_ns:
-                refreshed.append(
-                    ledger.row(item.path) | {"sha256": digest}
-                )  # --hash turned on: hash what is there, keep it
-            elif digest != ledger.digest(item.path):
+            if digest != saved:
                 todo.append(item)
             elif row.mtime_ns != item.mtime_ns:
                 refreshed.append(ledger.row(item.path) | {"mtime_ns": item.mtime_ns})
@@ -140,8 +146,8 @@ def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
             return None
     for path, entry in found:
         saved = ledger.digest(path)
-        if digest and saved:
-            same = saved == digest  # the content decides, wherever the other file is
+        if digest:  # the content decides, wherever the other file is; a row without a hash
+            same = saved == digest  # cannot vouch for these bytes (see still_to_do)
         else:  # without a digest, same name, size and mtime say "the same file" only if it left its old path
             same = entry.mtime_ns == item.mtime_ns and _moved_away(path, item.path)
         if same:

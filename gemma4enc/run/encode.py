@@ -34,17 +34,20 @@ def encode(
     overwrite: bool = False,
     bar=None,
     log=None,
+    found=None,
 ) -> dict:
     """`gemma4enc encode`, for the command and for library callers (verify --repair, search) alike.
 
     `flags`: settings by Options field name (frames/fps/max_frames for the sampling; the rest take
     their defaults); `given`: the names the user gave. For the output-shaping settings not given,
     OUT/settings.json is read back (Options.resume), and what it changed is logged. The summary
-    --json prints, with `skipped_not_media`."""
+    --json prints, with `skipped_not_media`. `found`: instead of roots, the files as
+    (path, root, rel), each kept under the root a walk found it in (verify --repair's files:
+    their rows keep `root` and `rel`, so a moved folder is still recognised)."""
     from ..media.remote import is_url
 
     log = log or (lambda message: None)
-    walk = (files_from, list(include or []), list(exclude or []), hidden, null)
+    walk = (files_from, list(include or []), list(exclude or []), hidden, null, found)
     if not is_url(str(out)):
         return _encode(roots, Path(out), flags, given, walk, overwrite, bar, log)
     from ..output.mirror import Mirror
@@ -66,21 +69,21 @@ def encode(
 
 def _encode(roots, out: Path, flags, given, walk: tuple, overwrite: bool, bar, log, mirror=None) -> dict:
     """encode() on a local folder: OUT itself, or a store's mirror. `walk`: files_from, include,
-    exclude, hidden, null, as discovery takes them."""
+    exclude, hidden, null, as discovery takes them, and `found` (see encode)."""
     from ..media.discover import discover_chunks
 
-    files_from, include, exclude, hidden, null = walk
+    files_from, include, exclude, hidden, null, found = walk
     saved = None if overwrite else read_settings(out)  # a re-run may omit the flags
     shown = f"{mirror.url}/{SETTINGS}" if mirror is not None else str(out / SETTINGS)
     options, notes = Options.resume(saved, flags or {}, given, where=shown)
     for note in notes:
         log(note)
-    if not roots and not files_from:
+    if not roots and not files_from and not found:
         raise UsageError("nothing to encode: give folders or files, or --files-from")
     ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
     unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
     counts = {}  # skipped as not media, counted as discovery goes on
-    chunks = discover_chunks(
+    chunks = _found(found, unchanged, counts) if found else discover_chunks(
         list(roots or []),
         files_from,
         include,
@@ -105,6 +108,15 @@ def _encode(roots, out: Path, flags, given, walk: tuple, overwrite: bool, bar, l
         mirror=mirror,
     )
     return report | {"skipped_not_media": counts["skipped"]}
+
+
+def _found(found, unchanged: Unchanged, counts: dict):
+    """discover_chunks' one chunk for files given with their roots: (path, root, rel) each."""
+    from ..media.discover import look
+
+    items = (look(path, unchanged.known, root, rel) for path, root, rel in found)
+    counts.update(skipped=0, last=True)
+    yield sorted((i for i in items if i is not None), key=lambda i: i.path)
 
 
 class _Quiet:
