@@ -145,24 +145,121 @@ def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_pa
         port = s.getsockname()[1]
     result = encode([media, "-o", tmp_path / "a", "--model", ckpt, *BASE, "--engine", "ray",
                      "--ray-address", f"127.0.0.1:{port}"])
-    # refused by our own socket check (5 s at most), before Ray's minutes of reconnecting
-    assert result.exit_code == 2 and f"cannot reach a Ray cluster at 127.0.0.1:{port}: Connection refused" in result.output
+    # refused by our own probe (seconds at most), before Ray's minutes of reconnecting
+    assert result.exit_code == 2, result.output
+    assert f"the Ray cluster at 127.0.0.1:{port} cannot be reached (Connection refused)" in result.output
 
     result = encode([media, "-o", tmp_path / "b", "--model", ckpt, *flags(device="cuda"), "--engine", "ray"])
     assert result.exit_code == 2 and "the Ray cluster has 0" in result.output, result.output
     assert not list((tmp_path / "b").glob("*.safetensors"))
 
-    # auto with no cluster running: refused by ray.init itself, no private Ray started instead
-    result = encode([media, "-o", tmp_path / "e", "--model", ckpt, *BASE, "--engine", "ray", "--ray-address", "auto"])
-    assert result.exit_code == 2 and "cannot start or join Ray (auto)" in result.output, result.output
-    import ray
-
-    assert not ray.is_initialized()
-
     result = encode([media, "-o", tmp_path / "c", "--model", ckpt, "--engine", "ray", "--ray-address", "x"])
     assert result.exit_code == 2 and "HOST:PORT" in result.output
     result = encode([media, "-o", tmp_path / "d", "--model", ckpt, "--ray-actors", "2"])
     assert result.exit_code == 2 and "need --engine ray" in result.output
+
+
+def _ray_processes(marker: str) -> list[int]:
+    """The pids of the processes whose command line names `marker` (this test's own Ray folder)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def _auto(media, ckpt, out, env, timeout=120) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    run = subprocess.run(encode_argv(media, "-o", out, "--model", ckpt, *flags(json=False), "--engine", "ray",
+                                     "--ray-address", "auto"), capture_output=True, text=True, env=env,
+                         timeout=timeout)
+    return run, time.monotonic() - start
+
+
+def test_auto_where_the_last_cluster_died_or_froze_says_so_in_seconds(media, ckpt, tmp_path):
+    """`ray start --head`, then the head frozen (SIGSTOP) and killed (SIGKILL, its record left in
+    Ray's temp folder): `--ray-address auto` ends each time in seconds, exit 2, one line saying
+    what it found, where Ray's own connect waits in its GCS client for as long as one waits. A Ray
+    folder of this test's own (RAY_TMPDIR, short: Ray's sockets live in it), so what other Ray
+    clusters on the machine live or died changes nothing."""
+    import shutil
+    import signal
+    import tempfile
+
+    from gemma4enc.run.raycluster import probe
+
+    folder = tempfile.mkdtemp(prefix="g4e-t-")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
+        "RAY_TMPDIR": folder, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    try:
+        refused, took = _auto(media, ckpt, tmp_path / "none", env)  # nothing recorded: told at once
+        assert refused.returncode == 2 and took < 60, refused.stderr
+        assert refused.stderr.strip().splitlines() == [
+            f"gemma4enc: error: --ray-address auto: no Ray cluster is recorded on this machine ({folder}/ray/"
+            "ray_current_cluster is absent) and RAY_ADDRESS is not set; start one with `ray start --head`, "
+            "give HOST:PORT, or leave out --ray-address for a private Ray"], refused.stderr
+
+        ray_cli = Path(sys.executable).with_name("ray")
+        started = subprocess.run([ray_cli, "start", "--head", "--port=0", "--num-cpus=1", "--include-dashboard=false",
+                                  "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=300)
+        assert started.returncode == 0, started.stderr
+        address = (Path(folder) / "ray" / "ray_current_cluster").read_text().strip()
+        probe(address, "the test's cluster", "")  # alive: it answers as a GCS does
+        gcs = [p for p in _ray_processes(folder) if b"gcs_server" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(gcs) == 1
+
+        os.kill(gcs[0], signal.SIGSTOP)  # frozen: the kernel still takes the connection
+        frozen, took = _auto(media, ckpt, tmp_path / "frozen", env | {"GEMMA4ENC_RAY_PROBE_S": "3"})
+        assert frozen.returncode == 2 and took < 60, frozen.stderr
+        assert frozen.stderr.strip().splitlines() == [
+            f"gemma4enc: error: --ray-address auto: the Ray cluster recorded in {folder}/ray/ray_current_cluster at "
+            f"{address} did not answer in 3 s (a frozen or overloaded head node?); set GEMMA4ENC_RAY_PROBE_S "
+            "to wait longer, or leave out --ray-address for a private Ray"], frozen.stderr
+
+        for pid in _ray_processes(folder):  # died uncleanly: its record stays
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _ray_processes(folder) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        dead, took = _auto(media, ckpt, tmp_path / "dead", env)
+        assert dead.returncode == 2 and took < 60, dead.stderr
+        assert dead.stderr.strip().splitlines() == [
+            f"gemma4enc: error: --ray-address auto: the Ray cluster recorded in {folder}/ray/ray_current_cluster at "
+            f"{address} cannot be reached (Connection refused); the cluster has stopped and its record "
+            "outlived it; start one with `ray start --head`, give HOST:PORT, or leave out --ray-address "
+            "for a private Ray"], dead.stderr
+        for name in ("none", "frozen", "dead"):  # nothing encoded, nothing recorded
+            manifest = tmp_path / name / "manifest.jsonl"
+            assert not list((tmp_path / name).glob("*.safetensors"))
+            assert not manifest.exists() or not manifest.read_text().strip()
+    finally:
+        for pid in _ray_processes(folder):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_listener_that_is_not_ray_is_told_apart():
+    """A port where something else listens (it reads and answers, but not as gRPC)."""
+    import socket
+    import threading
+
+    from gemma4enc.run.raycluster import probe
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(100)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    port = server.getsockname()[1]
+    with server, pytest.raises(UsageError, match=f"something listens at 127.0.0.1:{port}, but it is not a Ray"):
+        probe(f"127.0.0.1:{port}", "the Ray cluster", "check the address")
 
 
 def test_pool_sizes_from_the_cluster():
@@ -185,7 +282,7 @@ def test_pool_sizes_from_the_cluster():
 
 
 def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats():
-    from gemma4enc.run.ray import connect
+    from gemma4enc.run.raycluster import connect
 
     def listening() -> set[str]:
         found = set()

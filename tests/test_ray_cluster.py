@@ -47,6 +47,40 @@ HANG = ray_worker_hook(HANG_ENV, """
     threading.Event().wait()  # until the node, and this process with it, is killed
 """)
 
+# The same node's actors hang instead while they start: in the constructor of a pool actor (one Ray
+# Data starts; the driver's own first actor, which it times, starts as usual), after a mark.
+HANG_AT_START = f'''
+import os, sys
+if os.environ.get("{HANG_ENV}") and "default_worker.py" in " ".join(sys.argv):
+    import importlib.abc, importlib.util
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "gemma4enc.run.ray":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                init = module.TaskEncoder.__init__
+
+                def __init__(self, *args, **kwargs):
+                    import threading, traceback
+                    if any("/ray/data/" in f.filename for f in traceback.extract_stack()):
+                        mark = os.path.join(os.environ["{HANG_ENV}"], str(os.getpid()))
+                        open(mark + ".tmp", "w").close()
+                        os.replace(mark + ".tmp", mark)
+                        threading.Event().wait()  # until the node, and this process with it, is killed
+                    init(self, *args, **kwargs)
+                module.TaskEncoder.__init__ = __init__
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Hook())
+'''
+
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
@@ -67,13 +101,12 @@ def local(media, ckpt, tmp_path_factory):
 
 @pytest.fixture
 def two_nodes(tmp_path, monkeypatch):
-    """make(doomed_cpus) → (cluster, the node to kill, the folder its hanging actor marks): a head of
-    1 CPU and a worker node; shut down after the test."""
+    """make(doomed_cpus, hang) → (cluster, the node to kill, the folder its hanging actor marks): a
+    head of 1 CPU and a worker node whose Ray workers run `hang`; shut down after the test."""
     from ray.cluster_utils import Cluster
 
     hook, marks = tmp_path / "hook", tmp_path / "marks"
     hook.mkdir(), marks.mkdir()
-    (hook / "sitecustomize.py").write_text(HANG)
     # the nodes' processes, and so their workers, inherit this process's environment: the hook, and
     # this checkout's package rather than whichever one is installed
     here = Path(gemma4enc.__file__).parents[1]
@@ -82,7 +115,8 @@ def two_nodes(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     made = []
 
-    def make(doomed_cpus: int):
+    def make(doomed_cpus: int, hang: str = HANG):
+        (hook / "sitecustomize.py").write_text(hang)
         c = Cluster(initialize_head=True, head_node_args={**node(1), "include_dashboard": False})
         made.append(c)
         return c, c.add_node(**node(doomed_cpus), env_vars={HANG_ENV: str(marks)}), marks
@@ -153,9 +187,31 @@ def s3():
         yield fs
 
 
-def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(s3, media, ckpt, local, two_nodes, tmp_path):
+@pytest.fixture
+def busy_cores():
+    """Every core of the machine kept busy by a spinning process while the test runs: a slow start
+    is a reason to wait, never to stop."""
+    import sys
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("lost", ["mid_task", "while_starting"])
+def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(
+    s3, media, ckpt, local, two_nodes, tmp_path, lost, request
+):
     """Two actors of 1 CPU, one per node, inputs and OUT in S3: the survivor does the rest, and the
-    lost actor is restarted on its node once the survivor is idle, to redo the lost task."""
+    lost actor is restarted on its node once the survivor is idle, to redo the lost task. Lost
+    while the pool is still starting (its actor hangs in its constructor until the node goes), on
+    a machine whose cores are all busy: the pool shrinks to the live node's actor, which does all."""
+    if lost == "while_starting":
+        request.getfixturevalue("busy_cores")
     files = sorted(media.iterdir())
     s3.put([str(p) for p in files[:6]], "cluster/media/")  # six as a folder, four as a WebDataset tar
     with tarfile.open(tmp_path / "rest.tar", "w") as tar:
@@ -163,7 +219,7 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(s3, media, ckpt,
             tar.add(p, arcname=f"{i:06d}{p.suffix}")
     s3.put(str(tmp_path / "rest.tar"), "cluster/tars/rest.tar")
     named = {f"{i:06d}{p.suffix}": p.name for i, p in enumerate(files[6:])} | {p.name: p.name for p in files[:6]}
-    c, doomed, marks = two_nodes(1)
+    c, doomed, marks = two_nodes(1, HANG if lost == "mid_task" else HANG_AT_START)
     out, err = "s3://cluster/out", tmp_path / "driver.err"
     roots = ["s3://cluster/media", "s3://cluster/tars/rest.tar"]
     ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "0"]
@@ -174,7 +230,10 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(s3, media, ckpt,
     assert code == 0, err.read_text()
     summary = json.loads(stdout)
     assert summary["encoded"] == 10 and summary["ray_actors"] == 2, summary
-    assert len(in_flight) == 2 and set(in_flight) <= set(named)
+    if lost == "mid_task":
+        assert len(in_flight) == 2 and set(in_flight) <= set(named)
+    else:
+        assert in_flight == []  # the actor never held a task
     s3.invalidate_cache()
     parts = sorted(s3.find("cluster/out/manifest.parts"))
     rows = [json.loads(line) for p in parts for line in s3.cat_file(p).decode().splitlines()]

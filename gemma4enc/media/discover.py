@@ -13,7 +13,7 @@ from ..errors import UsageError
 from ..rows import Status
 from . import remote, webdataset
 from .kinds import DONE, SNIFF_BYTES, Item, Known, ext_kind, kind_of
-from .sources import expanded, look_remote, tar_members, url_files
+from .sources import look_remote, ranged, tar_members, url_files
 
 
 def look(
@@ -189,19 +189,17 @@ def discover_chunks(
     walked_roots, remote_roots = [], []
     listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []
-    roots = [p for r in roots for p in expanded(r)]
-    listed = [p for r in listed for p in expanded(r)]
-    for root in roots:
-        if not remote.is_url(root) and not os.path.lexists(
-            root
-        ):  # a typo, not a file that vanished: say so now
-            raise UsageError(f"{root}: no such file or folder")
+    roots, listed = ranged(roots), ranged(listed)  # (name, its brace pattern or None)
+    for root, pattern in roots:
+        if pattern is None and not remote.is_url(root) and not os.path.lexists(root):
+            raise UsageError(f"{root}: no such file or folder")  # a typo, not a file that vanished: say so now
     seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
-    for root in [*roots, *listed]:
+    for root, pattern in [*roots, *listed]:
         url = remote.is_url(root)
-        if webdataset.is_tar(root) and (url or os.path.isfile(root)):
+        gap = pattern is not None and not url and not os.path.lexists(root)  # a tar missing from a range
+        if webdataset.is_tar(root) and (url or gap or os.path.isfile(root)):
             remote_roots.append(root if url else os.path.abspath(root))
-            elsewhere.append(tar_members(remote_roots[-1]))
+            elsewhere.append(tar_members(remote_roots[-1], pattern))
         elif url:
             remote_roots.append(root)
             elsewhere.append(url_files(root, hidden, unlisted))

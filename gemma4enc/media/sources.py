@@ -66,15 +66,21 @@ def look_remote(
     return Item(path, kind_of(path, head), size, mtime, None, root, rel)
 
 
-def tar_members(tar: str) -> Iterable[tuple]:
-    """discover's candidates for one WebDataset tar: every member but the sidecars, sniffed through
-    the tar's file object; a tar that is not one is a row saying so."""
+def tar_members(tar: str, pattern: str | None = None) -> Iterable[tuple]:
+    """discover's candidates for one WebDataset tar: every whole member but the sidecars, sniffed
+    through the tar's file object. A tar that is not one is a row saying so; so is a tar cut short
+    (its whole members are candidates as usual) and the member the cut falls in. A tar missing
+    from a brace `pattern` (img2dataset leaves gaps) is a not_found row, not the run's end."""
     import tarfile
 
     try:
-        f, found = webdataset.members(tar)
+        f, found, index = webdataset.members(tar)
     except FileNotFoundError:
-        raise UsageError(f"{tar}: no such file or folder") from None
+        if pattern is None:
+            raise UsageError(f"{tar}: no such file or folder") from None
+        reason = f"not found: {pattern} names it; the range's other tars are encoded"
+        yield tar, tar, True, None, _whole(tar, 0, 0, reason, Status.NOT_FOUND)
+        return
     except (OSError, tarfile.TarError) as e:
         reason = f"cannot read this tar: {getattr(e, 'strerror', None) or e}"
         yield (
@@ -102,6 +108,28 @@ def tar_members(tar: str) -> Iterable[tuple]:
     with f:
         for name, (offset, size, mtime) in found.items():
             yield f"{tar}/{name}", name, False, tar, maker(name, offset, size, mtime)
+        if index.cut:
+            stamp = remote.head(tar, 0)[1] if remote.is_url(tar) else os.stat(tar).st_mtime_ns
+            yield tar, tar, True, None, _whole(tar, f.seek(0, os.SEEK_END), stamp, index.cut, Status.UNREADABLE)
+        if index.partial and not index.partial[0].endswith(webdataset.SIDECARS):
+            name, _, held, mtime, size = index.partial
+            path = f"{tar}/{name}"
+            reason = f"cut short: the tar holds {held:,} of its {size:,} bytes"
+            # its size as held: the whole member, once the tar is fetched again, is encoded
+            yield path, name, True, tar, _whole(path, held, mtime * 1_000_000_000, reason,
+                                                Status.UNREADABLE, tar, name)
+
+
+def _whole(path, size, mtime_ns, reason, status, root=None, rel=None):
+    """make(known) of a row that records why `path` has no tokens (a tar missing or cut short), once:
+    a re-run over the same state finds its row and adds none (unless --retry-failed)."""
+
+    def make(known):
+        if known and known(path, size, mtime_ns) is DONE:
+            return None
+        return Item(path, ext_kind(path) if rel else "unknown", size, mtime_ns, reason, root, rel, status)
+
+    return make
 
 
 def url_files(url: str, hidden: bool, errors: list) -> Iterable[tuple]:
@@ -126,6 +154,22 @@ def expanded(root: str) -> list[str]:
     if "{" not in root or (not remote.is_url(root) and os.path.lexists(root)):
         return [root]
     return webdataset.expand(root)
+
+
+def ranged(roots: list[str]) -> list[tuple[str, str | None]]:
+    """(name, the brace pattern it comes from, or None) of each root, patterns expanded. Of a
+    local pattern, a name that is not there is kept (a gap: its row says so) as long as one is;
+    a pattern none of whose names exists is a typo, said at once."""
+    out = []
+    for root in roots:
+        names = expanded(root)
+        if names == [root]:
+            out.append((root, None))
+            continue
+        if not remote.is_url(root) and not any(os.path.lexists(n) for n in names):
+            raise UsageError(f"{root}: no such file or folder (none of its {len(names):,} names)")
+        out += [(n, root) for n in names]
+    return out
 
 
 def exists(path: str) -> bool:

@@ -3,6 +3,7 @@ shard-{00000..00099}.tar) read as the files it holds, without unpacking.
 
 Each image or video member is one item keyed TAR_PATH/MEMBER; its sample's sidecars (the
 members with the same key ending .json or .txt, as img2dataset writes them) go into its row.
+A tar cut short (a download that stopped) gives its whole members; the cut is a row of its own.
 Decoding reads a member's bytes in place: the tar's headers are indexed once per process
 (tarfile, seeking header to header) and a member is a window on the tar's file object.
 """
@@ -51,29 +52,64 @@ def sample_key(name: str) -> str:
     return (folder + "/" if folder else "") + base.split(".", 1)[0]
 
 
-def _index(f) -> dict[str, tuple[int, int, int]]:
-    """member name → (data offset, size, mtime) of every regular file, in the tar's order."""
+class TarIndex(dict):
+    """member name → (data offset, size, mtime) of every whole regular member, in the tar's order.
+
+    A tar cut short (a download that stopped) is read up to the cut: `cut` says where it ends and
+    why it is taken as cut ("" for a whole tar), `partial` is the member the cut falls in, as
+    (name, offset, bytes the tar holds of it, mtime, its size), or None."""
+
+    cut = ""
+    partial: tuple[str, int, int, int, int] | None = None
+
+
+def _index(f) -> TarIndex:
+    """The members of the tar `f`, and where it is cut if it is. A tar ends with a block of zeros
+    (its end-of-archive marker); one that stops before it, in a member's data or in a header, is
+    cut short. A file with no whole first header is no tar (tarfile.ReadError)."""
     import tarfile  # imported by a tar's first use: a local run does not pay for it
 
-    members = {}
-    with tarfile.open(fileobj=f, mode="r:") as t:
-        for m in t:
-            if m.isreg():
-                members[m.name] = (m.offset_data, m.size, int(m.mtime))
-    return members
+    total = f.seek(0, io.SEEK_END)
+    f.seek(0)
+    index, last = TarIndex(), None
+    try:
+        with tarfile.open(fileobj=f, mode="r:") as t:
+            for m in t:
+                last = m
+                if m.isreg():
+                    index[m.name] = (m.offset_data, m.size, int(m.mtime))
+            f.seek(t.offset)  # where tarfile stopped: the end-of-archive marker, in a whole tar
+            whole = f.read(512) == bytes(512)
+    except tarfile.ReadError:
+        if last is None:
+            raise  # not a tar
+        whole = False  # tarfile found the data of `last` (or its padding) cut short
+    if whole:
+        return index
+    if last is not None and last.isreg() and last.offset_data + last.size > total:
+        held = max(0, total - last.offset_data)
+        del index[last.name]
+        index.partial = (last.name, last.offset_data, held, int(last.mtime), last.size)
+        index.cut = (f"the tar ends at byte {total:,}, {held:,} bytes into the {last.size:,} of "
+                     f"{last.name}: cut short (a download that stopped?)")
+    else:
+        index.cut = (f"the tar ends at byte {total:,}, after {last.name if last else 'no member'}, "
+                     "without its end-of-archive marker: cut short (a download that stopped?) or damaged")
+    return index
 
 
-def members(tar: str) -> tuple[object, dict]:
-    """(the tar's open file, member name → (offset, size, mtime) of its samples' media candidates):
-    every regular member but the sidecars, which travel with their sample's row. The caller
-    closes the file (it reads first bytes through it)."""
+def members(tar: str) -> tuple[object, dict, TarIndex]:
+    """(the tar's open file, member name → (offset, size, mtime) of its samples' media candidates,
+    the whole index): every whole regular member but the sidecars, which travel with their
+    sample's row. The caller closes the file (it reads first bytes through it)."""
     f = _open(tar)
     try:
         index = _index(f)
     except BaseException:
         f.close()
         raise
-    return f, {name: entry for name, entry in index.items() if not name.endswith(SIDECARS)}
+    _remember(tar, index)  # this run's index, not one an earlier run in this process read
+    return f, {name: entry for name, entry in index.items() if not name.endswith(SIDECARS)}, index
 
 
 def member_of(path: str, root: str | None, rel: str | None) -> bool:
@@ -101,14 +137,19 @@ def open_source(path: str, root: str | None, rel: str | None):
 _INDEXES: OrderedDict[str, dict] = OrderedDict()
 
 
-def index_of(tar: str) -> dict:
+def index_of(tar: str) -> TarIndex:
     if tar not in _INDEXES:
         with _open(tar) as f:
-            _INDEXES[tar] = _index(f)
-        while len(_INDEXES) > 4:
-            _INDEXES.popitem(last=False)
+            _remember(tar, _index(f))
     _INDEXES.move_to_end(tar)
     return _INDEXES[tar]
+
+
+def _remember(tar: str, index: TarIndex) -> None:
+    _INDEXES[tar] = index
+    _INDEXES.move_to_end(tar)
+    while len(_INDEXES) > 4:
+        _INDEXES.popitem(last=False)
 
 
 class _Window(io.RawIOBase):

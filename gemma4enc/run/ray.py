@@ -15,8 +15,13 @@ come back is split into one task per file and tried once more, and a file that k
 even alone is recorded as `worker_died`. Nothing is retried forever; no file goes missing.
 A node that dies takes its actors along; Ray restarts them where they fit. When no live node
 can hold one any more, the driver stops after ROOM_S rather than wait for Ray without end.
+A round does not wait for its whole pool: it starts with the actors that are up and the others
+join as they start, so a node lost while the pool starts shrinks the pool (its tasks go to the
+live nodes' actors), and a slow start on a busy machine only delays it. The first actor alone is
+started and timed first (START_S bounds it): a constructor that fails is told once, not retried.
 
-Ray is imported only here, only with --engine ray.
+Joining Ray, bounded and said in one line when it cannot be done, is raycluster.py's. Ray is
+imported only there and here, only with --engine ray.
 """
 
 from __future__ import annotations
@@ -27,8 +32,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
-import sys
 import tempfile
 import threading
 import time
@@ -44,18 +47,12 @@ from ..output.files import MANIFEST, SHARD_RE, append_rows
 from ..rows import Row, Status
 from .context import Run
 from .pipeline import Progress, Summary, failed_row
+from .raycluster import connect
 
 RETRIES = 2  # Ray's retries of a task whose actor died, before the driver splits the task up
 # files the driver holds as tasks at a time: a first run over millions of new files goes in rounds
 # of this many as discovery finds them (run/stream.py); each round starts the actor pool anew
 ROUND_FILES = 250_000
-# Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
-LOCAL_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    # a worker process on a busy machine may take minutes to start; Ray's 60 s would kill it
-    "RAY_worker_register_timeout_seconds": "600",
-}
 START_S = "GEMMA4ENC_RAY_START_S"  # seconds the first actor may take to start (imports, tower load)
 ROOM_S = "GEMMA4ENC_RAY_ROOM_S"  # seconds to wait for a node an actor fits on, once none is left
 ROOM_DEFAULT_S = 600.0  # long enough for an autoscaler to bring a replacement node
@@ -99,10 +96,10 @@ class TaskEncoder:
         self.max_patches = budget_patches(self.tower, self.options, self.mode)
         self.metadata = shard_metadata(self.options, self.tower)
         self.store = None
-        if is_url(out):  # OUT in a store: shards are written in a temp folder here, then uploaded
+        if is_url(out):  # OUT in a store: shards are written in a temp folder per task, then uploaded
             from ..output.store import Store
 
-            self.store, self.out = Store(out), tempfile.mkdtemp(prefix="gemma4enc-task-")
+            self.store = Store(out)
 
     def _publish(self, local: Path) -> None:
         try:
@@ -111,13 +108,25 @@ class TaskEncoder:
             local.unlink(missing_ok=True)  # uploaded, or the task fails and is tried again whole
 
     def __call__(self, batch: dict) -> dict:
+        task = {"id": str(batch["id"][0]), "items": str(batch["items"][0])}
+        if self.store is None:
+            return self._encode(task, self.out)
+        # the task's own folder, gone with it: an actor lives as long as Ray keeps it and is killed,
+        # not closed, so a folder of the actor's would outlive every run; the pid in its name lets a
+        # later run sweep the folder of an actor killed mid-task (tempsweep.py)
+        local = tempfile.mkdtemp(prefix=f"gemma4enc-task-{os.getpid()}-")
+        try:
+            return self._encode(task, local)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+
+    def _encode(self, task: dict, out: str) -> dict:
         from ..output.shards import ShardWriter
         from .pipeline import run
 
-        task = {"id": str(batch["id"][0]), "items": str(batch["items"][0])}
         rows: list[Row] = []
         writer = ShardWriter(
-            self.out,
+            out,
             self.options.out_dtype,
             self.metadata,
             self.options.shard_bytes,
@@ -188,99 +197,6 @@ def plan_pool(resources: dict, options: Options) -> Pool:
     return pool
 
 
-def _reachable(address: str) -> None:
-    """Fail in seconds, not minutes, when nothing listens at HOST:PORT."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(f"--ray-address {address!r}: use auto or HOST:PORT")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-    except OSError as e:
-        raise UsageError(f"cannot reach a Ray cluster at {address}: {e.strerror or e}") from None
-
-
-@contextlib.contextmanager
-def connect(address: str | None, remote_wait_s: int = 600, local_wait_s: int = 180):
-    """A private loopback-only Ray (address None), or the running cluster at `address`; shut down on exit.
-
-    The environment it sets for Ray is put back on exit: a library user's process keeps its own."""
-    saved = dict(os.environ)
-    try:
-        with _connected(address, remote_wait_s, local_wait_s) as ray:
-            yield ray
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-@contextlib.contextmanager
-def _connected(address: str | None, remote_wait_s: int, local_wait_s: int):
-    if address is None:
-        os.environ.update(LOCAL_ENV)
-    else:
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        if "://" not in address and address != "auto":
-            _reachable(address)
-    try:
-        import ray
-        import ray.data
-    except ImportError:
-        raise UsageError("--engine ray needs Ray: pip install 'gemma4enc[ray]'") from None
-    import logging
-
-    from ray._private import ray_constants
-
-    cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
-    if address is None:  # also when Ray was imported before the environment was set (a notebook, a test)
-        ray_constants.ENABLE_RAY_CLUSTER = False
-    logging.getLogger("ray").setLevel(logging.ERROR)
-    logging.getLogger("ray.data").setLevel(
-        logging.CRITICAL
-    )  # a lost task is reported by us, with its files
-    temp = (
-        tempfile.mkdtemp(prefix="g4e-ray-") if address is None else None
-    )  # short: Ray's sockets live in it
-    try:
-        with contextlib.redirect_stdout(
-            sys.stderr
-        ):  # Ray prints worker deaths on stdout, which is --json's
-            try:
-                if (
-                    address is None
-                ):  # "local" always starts a new Ray, never joins one found on the machine
-                    ray.init(
-                        address="local",
-                        include_dashboard=False,
-                        object_store_memory=256 << 20,
-                        _temp_dir=temp,
-                        log_to_driver=False,
-                        logging_level=logging.ERROR,
-                    )
-                else:
-                    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-                raise UsageError(
-                    f"cannot start or join Ray ({address or 'local'}): {str(e).splitlines()[0]}"
-                ) from None
-            try:
-                with warnings.catch_warnings():  # Ray's own deprecations, not the user's to act on
-                    warnings.simplefilter("ignore")
-                    ctx = ray.data.DataContext.get_current()
-                ctx.max_errored_blocks = (
-                    -1
-                )  # a lost task is found by its missing id and retried file by file
-                ctx.wait_for_min_actors_s = local_wait_s if address is None else remote_wait_s
-                ctx.enable_progress_bars = False
-                ctx.print_on_execution_start = False
-                yield ray
-            finally:
-                ray.shutdown()
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
-        if temp:
-            shutil.rmtree(temp, ignore_errors=True)
-
-
 def encode(todo: list[Item], run: Run) -> Summary:
     """Encode `todo` (a list, or discovery's stream) on Ray, in rounds of ROUND_FILES; rows land in
     OUT's manifest as tasks return. Call with OUT's lock held."""
@@ -305,11 +221,8 @@ def encode(todo: list[Item], run: Run) -> Summary:
             f"tasks of {options.task_files} files"
         )
         took = _first_actor_start(ray, run, pool)
-        _wait_for_actors(
-            ray, max(60.0, 3 * took * pool.actors)
-        )  # they share the CPUs: at worst one by one
         run.log(f"a Ray actor started in {took:.1f} s")
-        driver = _Driver(ray, run, pool, Summary(), run.bar(len(todo)), took)
+        driver = _Driver(ray, run, pool, Summary(), run.bar(len(todo)))
         start = time.perf_counter()
         try:
             for files in _rounds(todo, max(ROUND_FILES, options.task_files)):
@@ -396,12 +309,6 @@ def _first_line(e: Exception) -> str:
     )
 
 
-def _wait_for_actors(ray, seconds: float) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ray.data.DataContext.get_current().wait_for_min_actors_s = int(seconds) + 1
-
-
 class _NoRoom(Exception):
     """Raised in the driver's thread by its watchdog: no live node can hold an actor any more."""
 
@@ -415,7 +322,6 @@ class _Driver:
     pool: Pool
     summary: Summary
     progress: Progress
-    start_s: float  # what one actor took to start, measured
 
     def round(self, tasks: list[dict]) -> list[dict]:
         """Run tasks through the actor pool, recording each one's rows as it returns.
@@ -457,12 +363,6 @@ class _Driver:
                 f"no node left in the Ray cluster can hold an actor ({pool.cpus} CPU(s)"
                 f"{' and a GPU' if pool.gpus else ''}) for {wait:.0f} s: a node was lost. The files "
                 f"done are saved; re-run once the cluster has room, or set {ROOM_S} to wait longer"
-            ) from None
-        except ray.exceptions.GetTimeoutError:
-            wait = ray.data.DataContext.get_current().wait_for_min_actors_s
-            raise UsageError(
-                f"{pool.actors} Ray actors did not start in {wait} s, though one alone took "
-                f"{self.start_s:.1f} s: the machine is too busy"
             ) from None
         lost = [t | {"error": errors.get(t["id"]) or DIED} for t in tasks if errors.get(t["id"]) != ""]
         self._drop_shards_of(lost)

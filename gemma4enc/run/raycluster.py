@@ -1,0 +1,188 @@
+"""Connecting to Ray for --engine ray: a private loopback-only Ray, or a running cluster, with every
+wait bounded.
+
+Ray's own connect waits in its GCS client for as long as one waits when the address it is given
+has nobody behind it: `--ray-address auto` on a machine where an earlier cluster died (its
+address is still recorded in Ray's temp folder), or a HOST:PORT whose head is gone or frozen.
+So before Ray is asked, the driver finds the address itself (RAY_ADDRESS, else the record `ray
+start` leaves) and asks it, with a deadline, the first question of any gRPC server (HTTP/2's
+preface, answered by a SETTINGS frame): a dead, frozen or foreign listener is told in one line
+(exit 2) within PROBE_S, and Ray is not started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import warnings
+
+from ..errors import UsageError
+
+# Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
+LOCAL_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # a worker process on a busy machine may take minutes to start; Ray's 60 s would kill it
+    "RAY_worker_register_timeout_seconds": "600",
+}
+PROBE_S = "GEMMA4ENC_RAY_PROBE_S"  # seconds the cluster's head has to answer the driver's first question
+PROBE_DEFAULT_S = 10.0
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers with its own SETTINGS
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS = 4  # the frame type byte of the answer
+
+
+def _split(address: str, flag: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"{flag}: use auto or HOST:PORT, not {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def probe(address: str, what: str, advice: str) -> None:
+    """Ask HOST:PORT what a gRPC server must answer at once; raise UsageError saying what was
+    found there (nothing, a frozen or dead process, something that is not Ray) within PROBE_S.
+    `advice`: what to do where nothing listens or something else does."""
+    seconds = float(os.environ.get(PROBE_S) or PROBE_DEFAULT_S)
+    host, port = _split(address, "--ray-address")
+    deadline = time.monotonic() + seconds
+    try:
+        with socket.create_connection((host, port), timeout=seconds) as s:
+            s.sendall(_PREFACE)
+            head = b""
+            while len(head) < 9:
+                s.settimeout(max(0.01, deadline - time.monotonic()))
+                got = s.recv(9 - len(head))
+                if not got:
+                    break
+                head += got
+    except TimeoutError:
+        raise UsageError(
+            f"{what} at {address} did not answer in {seconds:.0f} s (a frozen or overloaded head "
+            f"node?); set {PROBE_S} to wait longer, or leave out --ray-address for a private Ray"
+        ) from None
+    except OSError as e:
+        raise UsageError(f"{what} at {address} cannot be reached ({e.strerror or e}); {advice}") from None
+    if len(head) < 9 or head[3] != _SETTINGS:
+        raise UsageError(
+            f"something listens at {address}, but it is not a Ray cluster's head (it did not answer "
+            f"as Ray's GCS does); {advice}"
+        )
+
+
+def check_address(address: str) -> None:
+    """Probe the cluster `address` names (auto: RAY_ADDRESS, else the one `ray start` recorded on
+    this machine) before Ray is asked to join it. Ray Client addresses (ray://) are left to Ray."""
+    if "://" in address:
+        return
+    if address != "auto":
+        _split(address, "--ray-address")
+        probe(address, "the Ray cluster", "check the address, or leave out --ray-address for a private Ray")
+        return
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env:
+        if "://" not in env:
+            probe(env, "the Ray cluster RAY_ADDRESS names", "check RAY_ADDRESS")
+        return
+    from ray._common.utils import get_ray_address_file  # Ray's own record: where `ray start` writes it
+
+    record = get_ray_address_file(None)
+    try:
+        with open(record) as f:
+            recorded = f.read().strip()
+    except OSError:
+        recorded = ""
+    if not recorded:
+        raise UsageError(
+            f"--ray-address auto: no Ray cluster is recorded on this machine ({record} is absent) "
+            "and RAY_ADDRESS is not set; start one with `ray start --head`, give HOST:PORT, or "
+            "leave out --ray-address for a private Ray"
+        )
+    probe(
+        recorded,
+        f"--ray-address auto: the Ray cluster recorded in {record}",
+        "the cluster has stopped and its record outlived it; start one with `ray start --head`, "
+        "give HOST:PORT, or leave out --ray-address for a private Ray",
+    )
+
+
+@contextlib.contextmanager
+def connect(address: str | None, wait_s: float = -1):
+    """A private loopback-only Ray (address None), or the running cluster at `address`; shut down on exit.
+
+    The environment it sets for Ray is put back on exit: a library user's process keeps its own."""
+    saved = dict(os.environ)
+    try:
+        with _connected(address, wait_s) as ray:
+            yield ray
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _connected(address: str | None, wait_s: float):
+    if address is None:
+        os.environ.update(LOCAL_ENV)
+    else:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if address != "auto":
+            check_address(address)  # before Ray's import: a typo costs no second
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise UsageError("--engine ray needs Ray: pip install 'gemma4enc[ray]'") from None
+    import logging
+
+    from ray._private import ray_constants
+
+    if address == "auto":
+        check_address(address)
+    cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
+    if address is None:  # also when Ray was imported before the environment was set (a notebook, a test)
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # a lost task is reported by us, with its files
+    # short: Ray's sockets live in it; named with this process's id so a sweep can tell a dead one's
+    temp = tempfile.mkdtemp(prefix=f"g4e-ray-{os.getpid()}-") if address is None else None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # Ray prints worker deaths on stdout, which is --json's
+            try:
+                if address is None:  # "local" always starts a new Ray, never joins one found on the machine
+                    ray.init(
+                        address="local",
+                        include_dashboard=False,
+                        object_store_memory=256 << 20,
+                        _temp_dir=temp,
+                        log_to_driver=False,
+                        logging_level=logging.ERROR,
+                    )
+                else:
+                    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+            except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+                raise UsageError(
+                    f"cannot start or join Ray ({address or 'local'}): {str(e).splitlines()[0]}"
+                ) from None
+            try:
+                with warnings.catch_warnings():  # Ray's own deprecations, not the user's to act on
+                    warnings.simplefilter("ignore")
+                    ctx = ray.data.DataContext.get_current()
+                ctx.max_errored_blocks = -1  # a lost task is found by its missing id and retried file by file
+                # no wait of Ray Data's for the whole pool: a round starts with the actors that are up,
+                # the others join as they start; the driver's watchdog bounds the wait for room
+                ctx.wait_for_min_actors_s = wait_s
+                ctx.enable_progress_bars = False
+                ctx.print_on_execution_start = False
+                yield ray
+            finally:
+                ray.shutdown()
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+        if temp:
+            shutil.rmtree(temp, ignore_errors=True)
