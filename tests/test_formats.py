@@ -319,3 +319,21 @@ def test_io_objects_are_opened_in_the_fixed_order_too():
     assert np.array_equal(np.asarray(decode_image(data, MAX).images[0]), ours(SAMPLES / "hopper.ico"))
     unnamed = io.BytesIO((SAMPLES / "la.tga").read_bytes())
     assert np.array_equal(np.asarray(decode_image(unnamed, MAX).images[0]), ours(SAMPLES / "la.tga"))
+
+
+def test_a_format_registered_later_joins_the_order():
+    """pillow-heif registers HEIF at the first decode: an order asked for before must not freeze
+    HEIC out (the order is kept per set of registered formats)."""
+    from gemma4enc.media import formats
+    from gemma4enc.media.image import _register_heif
+
+    Image.init()
+    saved = dict(Image.OPEN)
+    try:
+        Image.OPEN.pop("HEIF", None)
+        assert "HEIF" not in formats.formats_for("x.heic")
+        _register_heif.cache_clear()
+        _register_heif()
+        assert formats.formats_for("x.heic")[0] == "HEIF"
+    finally:
+        Image.OPEN.update(saved)
