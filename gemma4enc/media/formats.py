@@ -18,11 +18,15 @@ from PIL import Image
 from .kinds import PILLOW_LEFT_OUT
 
 
-@functools.cache
 def _order() -> tuple[tuple[str, ...], dict[str, str]]:
     """(every format Pillow can open here, in the fixed order; extension -> its format)."""
     Image.init()  # every plugin: OPEN and EXTENSION no longer grow as files are opened
-    formats = [f for f in Image.OPEN if f not in PILLOW_LEFT_OUT]
+    return _fixed(tuple(Image.OPEN))  # one a set of formats: one registered later (HEIF) joins
+
+
+@functools.cache
+def _fixed(registered: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
+    formats = [f for f in registered if f not in PILLOW_LEFT_OUT]
     # magic-checking formats first, by name; those without a check (TGA, IM, PCD…) after them
     formats.sort(key=lambda f: (Image.OPEN[f][1] is None, f))
     by_ext = {ext: f for ext, f in Image.registered_extensions().items() if f in Image.OPEN}

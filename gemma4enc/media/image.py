@@ -22,9 +22,12 @@ def to_rgb(image: Image.Image) -> Image.Image:
     """Every Pillow mode to RGB on purpose: 16-bit scaled, alpha composited on white."""
     mode = image.mode
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        array = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if mode.startswith("I;16") or array.max() > 255 else 255.0
-        array = np.clip(array * (255.0 / top), 0, 255).round().astype(np.uint8)
+        raw = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if mode.startswith("I;16") or raw.max() > 255 else 255.0
+        array = np.clip(raw * (255.0 / top), 0, 255).round().astype(np.uint8)
+        key = image.info.get("transparency")  # a 16-bit grey PNG's tRNS: that value is transparent
+        if isinstance(key, int):
+            array[raw == key] = 255  # on white
         return Image.fromarray(array, "L").convert("RGB")
     if mode == "F":
         array = np.asarray(image, dtype=np.float64)

@@ -9,7 +9,8 @@ from typing import Callable
 
 IMAGE_EXTS = {  # every extension of a still format Pillow reads (PILLOW_LEFT_OUT: those it does not)
     *(".jpg", ".jpeg", ".jpe", ".jfif", ".mpo", ".png", ".apng", ".gif", ".webp", ".bmp", ".dib"),
-    *(".tif", ".tiff", ".avif", ".avifs", ".heic", ".heif", ".hif", ".jxl", ".ico", ".cur"),
+    *(".tif", ".tiff", ".avif", ".avifs", ".heic", ".heif", ".hif", ".heics", ".heifs", ".jxl"),
+    *(".ico", ".cur"),
     *(".ppm", ".pgm", ".pbm", ".pnm", ".pfm", ".tga", ".icb", ".vda", ".vst", ".psd", ".dds"),
     *(".jp2", ".j2k", ".jpc", ".jpf", ".jpx", ".j2c", ".qoi", ".pcx", ".dcx", ".icns", ".blp"),
     *(".sgi", ".bw", ".rgb", ".rgba", ".fit", ".fits", ".xpm", ".xbm", ".im", ".msp", ".ras"),
