@@ -155,9 +155,10 @@ REDUCE_MARGIN = 3.5
 # --resize fast, JPEG: decode at 1/s (libjpeg's DCT scaling) only where that is still this many
 # times the target on each side. The smaller the scale the cruder its filter, so the more the
 # processor's bicubic must shrink after it: at a draft just above the target, real camera photos
-# came out at 33-43 dB. Worst over ~140 real camera JPEGs: 1/2 at 2× 46.9 dB, 1/4 at 2.75× 45.4
-# (so 3×); 1/8 is taken at 4×, which only images of 150 MP and more reach (docs/benchmarks.md).
-DRAFT_MARGIN = {8: 4.0, 4: 3.0, 2: 2.0}
+# came out at 32-43 dB. Worst of ~140 real camera JPEGs (4:2:2 ones the worst): 1/2 at 2× 45.5 dB,
+# at 2.25× 45.7 (so 2.2×, which a 12 MP photo at 280 tokens still meets); 1/4 at 2.75× 45.4 (so
+# 3×); 1/8 is taken at 4×, which only images of 150 MP and more reach (docs/benchmarks.md).
+DRAFT_MARGIN = {8: 4.0, 4: 3.0, 2: 2.2}
 
 
 def _draft_scale(size: tuple[int, int], want: tuple[int, int]) -> int:
