@@ -148,8 +148,9 @@ UPRIGHT = {
 
 
 # --resize fast, formats without a reduced decode: box-shrink by k only while the image stays
-# this many times its target, then bicubic. Photos hold 45 dB at 2×, hard edges do not: real fax
-# TIFFs fell to 38-44 dB at 2× and hold 45.7 at 3× (docs/benchmarks.md, 2026-12-03 section).
+# this many times its target, then bicubic. Photos hold 45 dB at 2×, hard edges do not: real
+# bilevel scans fell to 38-44 dB at 2×, 45.7 at 3× and 48.2 at 3.5× after a 4× box
+# (docs/benchmarks.md, 2026-12-03 section).
 REDUCE_MARGIN = 3.5
 
 # --resize fast, JPEG: decode at 1/s (libjpeg's DCT scaling) only where that is still this many
@@ -176,8 +177,9 @@ def _fitted(image: Image.Image, budget: int) -> tuple[Fitted, tuple[int, int]]:
     the processor's. JPEG: libjpeg's DCT-domain scaling (draft) to the smallest of 1/2, 1/4, 1/8
     that keeps DRAFT_MARGIN, so no full-size buffer exists; else (other formats, and a JPEG no
     scale fits) a box pre-shrink (reduce) within REDUCE_MARGIN. No other format's draft is used:
-    pillow-heif's decodes an embedded thumbnail in place of the image. Then the processor's bicubic, in the stored orientation (the
-    draft's box is in stored coordinates), and last the EXIF turn on the small result.
+    pillow-heif's decodes an embedded thumbnail in place of the image. Then the processor's
+    bicubic, in the stored orientation (the draft's box is in stored coordinates), and last the
+    EXIF turn on the small result.
     Returns the fitted image and the (width, height) actually decoded.
     """
     orientation = image.getexif().get(0x0112, 1)
