@@ -148,3 +148,54 @@ def test_without_nclx_the_streams_own_colour_is_taken(tmp_path, monkeypatch):
     info, psnr = _compare(path, 70)
     assert info["backend"] == "pyav"
     assert 45 <= psnr < float("inf")
+
+
+def _rgba(size, seed):
+    """A photo with an alpha plane: opaque, half-transparent and fully transparent parts."""
+    rgba = camera_photo(*size, seed=seed).convert("RGBA")
+    alpha = np.full(size[::-1], 255, np.uint8)
+    alpha[:, : size[0] // 4] = 0
+    alpha[: size[1] // 3] = 128
+    rgba.putalpha(Image.fromarray(alpha))
+    return rgba
+
+
+@pytest.mark.parametrize("budget", [70, 280])
+def test_an_alpha_plane_is_composited_on_white_as_exact_does(tmp_path, budget):
+    pillow_heif.register_heif_opener()
+    path = tmp_path / "rgba.heic"
+    _rgba((1200, 800), seed=10).save(path, format="HEIF", quality=90)
+    assert Image.open(path).mode == "RGBA" and pillow_heif.open_heif(path).info["bit_depth"] == 8
+    assert heic.items(path.read_bytes())["alpha"]  # the auxl item with an alpha auxC
+    info, psnr = _compare(path, budget)
+    assert psnr >= 45, psnr  # was 6.7 dB: the colour under the transparent parts came through
+    assert "backend" not in info  # the FFmpeg shortcut declines an alpha plane; libheif decodes both
+    fast = decode_image(str(path), MAX, fit=budget).images[0].image
+    left = np.asarray(fast)[fast.height // 2 :, : fast.width // 5]
+    assert left.min() >= 250  # transparent: white, as the exact path and the processor give it
+
+
+def test_an_opaque_photo_keeps_the_shortcut(tmp_path):
+    path = _save(tmp_path / "rgb.heic", (640, 480), seed=11)
+    assert not heic.items(path.read_bytes())["alpha"]
+    assert decode_image(str(path), MAX, fit=70).info["backend"] == "pyav"
+
+
+@pytest.mark.parametrize("shortcut", ["ffmpeg", "declined", "alpha"])
+def test_an_embedded_thumbnail_is_never_decoded_as_the_image(tmp_path, monkeypatch, shortcut):
+    """A 1200×800 photo with a 480×320 thumbnail (as cameras and phones embed one): the fast path
+    decodes the primary image whichever decoder runs; pillow-heif's draft would pick the thumbnail."""
+    pillow_heif.register_heif_opener()
+    path = tmp_path / "thumb.heic"
+    image = _rgba((1200, 800), seed=12) if shortcut == "alpha" else camera_photo(1200, 800, seed=12)
+    image.save(path, format="HEIF", quality=90, thumbnails=[480])
+    assert pillow_heif.open_heif(path).info["thumbnails"] == [480]
+    if shortcut == "declined":
+        monkeypatch.setattr(heic, "_canvas", lambda *a: None)
+    for budget in (70, 140):  # 70: the thumbnail holds the target (480×320 ≥ 480×288)
+        fast = decode_image(str(path), MAX, fit=budget)
+        assert fast.info["decoded"] == [1200, 800], fast.info
+        assert ("backend" in fast.info) == (shortcut == "ffmpeg")
+        exact = decode_image(str(path), MAX)
+        f, e = patchify(fast.images[0], budget), patchify(exact.images[0], budget)
+        assert _psnr(f.pixels, e.pixels) >= 45  # from the thumbnail: 29 dB

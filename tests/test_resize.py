@@ -61,8 +61,8 @@ def test_fast_is_within_45_db_of_exact_with_the_same_grid(big_photos):
         scores[name] = psnr(patches.pixels, exact.pixels)
         full = fast.info["width"] * fast.info["height"]
         decoded = fast.info["decoded"][0] * fast.info["decoded"][1]
-        if name.endswith(".jpg"):  # a reduced decode: 1/4 scale here, no full-size buffer
-            assert decoded * 16 == full, (name, fast.info)
+        if name.endswith(".jpg"):  # a reduced decode, no full-size buffer: 1/2 scale, as 1/4 would
+            assert decoded * 4 == full, (name, fast.info)  # be 1.1× the target, under DRAFT_MARGIN
     worst = min(scores.values())
     summary = f"PSNR mean {np.mean(list(scores.values())):.1f} dB, worst {worst:.1f} dB: {scores}"
     assert worst >= FLOOR_DB, summary
@@ -94,7 +94,7 @@ def test_exact_is_bit_identical_to_the_pil_processor(big_photos):
 
 def test_fast_keeps_the_bomb_check_on_the_full_size(big_photos):
     with pytest.raises(DecodeError) as e:
-        decode_image(str(big_photos["o1.jpg"]), 4032 * 3024 // 2, fit=280)  # the 1/4 decode would fit
+        decode_image(str(big_photos["o1.jpg"]), 4032 * 3024 // 2, fit=280)  # the 1/2 decode would fit
     assert e.value.status == "too_large"
 
 

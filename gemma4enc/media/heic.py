@@ -1,7 +1,8 @@
 """HEIC's primary image through FFmpeg's HEVC decoder (PyAV), for --resize fast: the tiles placed
 by the file's own grid, cropped, turned, and converted to RGB as libheif does, at the smallest
 size that holds the target. Only the plain case is taken (8-bit 4:2:0 HEVC, a known colour
-matrix, transforms we know); anything else returns None and pillow-heif decodes the file.
+matrix, transforms we know, no alpha plane); anything else returns None and pillow-heif decodes
+the file. The primary item is the image, never a thumbnail item beside it.
 
 PyAV exposes each grid tile as its own stream (stream.id is the HEIF item id) but not the grid
 that joins them, so the item tree (pitm, iinf, iref/dimg, ipco/ipma) is read here from the meta
@@ -21,6 +22,8 @@ from .patches import target_size
 
 # properties of the primary item we understand; another one marked essential means "not ours"
 KNOWN = {b"hvcC", b"ispe", b"colr", b"pixi", b"irot", b"imir", b"clap", b"auxC", b"rloc"}
+# the auxC types of an alpha plane (HEVC's, and MPEG-B's that AVIF and newer libheif write)
+ALPHA = {b"urn:mpeg:hevc:2015:auxid:1", b"urn:mpeg:mpegB:cicp:systems:auxiliary:alpha"}
 # the nclx matrices we convert (Kr, Kb): BT.709, BT.470BG and BT.601 (the last two are the same)
 MATRICES = {1: (0.2126, 0.0722), 5: (0.299, 0.114), 6: (0.299, 0.114)}
 
@@ -50,8 +53,8 @@ def _child(data, start, end, kind):
 
 
 def items(data: bytes) -> dict:
-    """The primary item of a HEIF file: its type, its tiles in dimg order, and its properties in
-    association order as (type, payload, essential)."""
+    """The primary item of a HEIF file: its type, its tiles in dimg order, its properties in
+    association order as (type, payload, essential), and whether an alpha plane belongs to it."""
     s, e = _child(data, 0, len(data), b"meta")
     s += 4  # FullBox
     ps, _ = _child(data, s, e, b"pitm")
@@ -71,6 +74,7 @@ def items(data: bytes) -> dict:
             item_id, _, kind = struct.unpack_from(">IH4s", data, bs + 4)
         types[item_id] = kind
     tiles = []
+    aux = set()  # items that are auxiliary images of the primary: alpha, depth, gain maps
     try:
         r_s, r_e = _child(data, s, e, b"iref")
         wide = data[r_s] != 0
@@ -79,8 +83,11 @@ def items(data: bytes) -> dict:
             n = 4 if wide else 2
             (source,) = struct.unpack_from(fmt, data, bs)
             (count,) = struct.unpack_from(">H", data, bs + n)
+            targets = [struct.unpack_from(fmt, data, bs + n + 2 + n * j)[0] for j in range(count)]
             if k == b"dimg" and source == primary:
-                tiles = [struct.unpack_from(fmt, data, bs + n + 2 + n * j)[0] for j in range(count)]
+                tiles = targets
+            elif k == b"auxl" and primary in targets:
+                aux.add(source)
     except ValueError:
         pass  # no references: a single image
     p_s, p_e = _child(data, s, e, b"iprp")
@@ -91,6 +98,7 @@ def items(data: bytes) -> dict:
     (count,) = struct.unpack_from(">I", data, a_s + 4)
     at = a_s + 8
     mine = []
+    alpha = False
     for _ in range(count):
         if version < 1:
             (item_id,) = struct.unpack_from(">H", data, at)
@@ -112,7 +120,10 @@ def items(data: bytes) -> dict:
             if item_id == primary and index:
                 k, bs, be = props[index - 1]
                 mine.append((k, data[bs:be], essential))
-    return {"id": primary, "type": types.get(primary), "tiles": tiles, "props": mine}
+            elif item_id in aux and index:
+                k, bs, be = props[index - 1]
+                alpha |= k == b"auxC" and data[bs + 4 : be].split(b"\0")[0] in ALPHA
+    return {"id": primary, "type": types.get(primary), "tiles": tiles, "props": mine, "alpha": alpha}
 
 
 def _uint(data: bytes, at: int, size: int) -> int:
@@ -252,7 +263,9 @@ def _to_rgb(y: Image.Image, u: Image.Image, v: Image.Image, matrix: int, full: b
     return Image.fromarray(np.clip(rgb + 0.5, 0, 255).astype(np.uint8), "RGB")
 
 
-# reduce by k only while the image stays this many times its target (image.py's REDUCE_MARGIN)
+# reduce by k only while the image stays this many times its target: phones' photos, not the
+# hard-edged scans image.py's REDUCE_MARGIN (3.5) is sized for; 13 real phone HEICs held 46.1 dB or
+# more of exact at every budget with it (docs/benchmarks.md, 2026-12-03)
 REDUCE_MARGIN = 2.0
 
 
@@ -272,6 +285,8 @@ def fitted(data: bytes, image: Image.Image, budget: int):
         if matrix not in MATRICES:
             return None
     tree = items(data)
+    if tree["alpha"] or "A" in image.mode:
+        return None  # an alpha plane: pillow-heif decodes it with the colour, composited on white as exact
     turns = []  # the primary item's transforms, in association order
     for kind, payload, essential in tree["props"]:
         if kind in (b"irot", b"imir", b"clap"):

@@ -154,9 +154,26 @@ UPRIGHT = {
 
 
 # --resize fast, formats without a reduced decode: box-shrink by k only while the image stays
-# this many times its target, then bicubic: a smaller margin let the box's blur through and fell
-# towards the 45 dB floor (benchmarks/decode.py on 12 MP photos; figures in docs/benchmarks/decode.md).
-REDUCE_MARGIN = 2.0
+# this many times its target, then bicubic. Photos hold 45 dB at 2×, hard edges do not: real
+# bilevel scans fell to 38-44 dB at 2×, 45.7 at 3× and 48.2 at 3.5× after a 4× box
+# (docs/benchmarks.md, 2026-12-03 section).
+REDUCE_MARGIN = 3.5
+
+# --resize fast, JPEG: decode at 1/s (libjpeg's DCT scaling) only where that is still this many
+# times the target on each side. The smaller the scale the cruder its filter, so the more the
+# processor's bicubic must shrink after it: at a draft just above the target, real camera photos
+# came out at 32-43 dB. Worst of ~140 real camera JPEGs (4:2:2 ones the worst): 1/2 at 2× 45.5 dB,
+# at 2.25× 45.7 (so 2.2×, which a 12 MP photo at 280 tokens still meets); 1/4 at 2.75× 45.4 (so
+# 3×); 1/8 is taken at 4×, which only images of 150 MP and more reach (docs/benchmarks.md).
+DRAFT_MARGIN = {8: 4.0, 4: 3.0, 2: 2.2}
+
+
+def _draft_scale(size: tuple[int, int], want: tuple[int, int]) -> int:
+    """The smallest DCT scale 1/s whose decode (libjpeg rounds its sides up) keeps DRAFT_MARGIN."""
+    for s in (8, 4, 2):
+        if all(-(-side // s) >= DRAFT_MARGIN[s] * w for side, w in zip(size, want)):
+            return s
+    return 1
 
 
 def _fitted(image: Image.Image, budget: int) -> tuple[Fitted, tuple[int, int]]:
@@ -164,9 +181,11 @@ def _fitted(image: Image.Image, budget: int) -> tuple[Fitted, tuple[int, int]]:
 
     The target comes from the full-size upright dimensions (the header's), so the patch grid is
     the processor's. JPEG: libjpeg's DCT-domain scaling (draft) to the smallest of 1/2, 1/4, 1/8
-    still at least the target, so no full-size buffer exists; other formats: a box pre-shrink
-    (reduce) within REDUCE_MARGIN. Then the processor's bicubic, in the stored orientation (the
-    draft's box is in stored coordinates), and last the EXIF turn on the small result.
+    that keeps DRAFT_MARGIN, so no full-size buffer exists; else (other formats, and a JPEG no
+    scale fits) a box pre-shrink (reduce) within REDUCE_MARGIN. No other format's draft is used:
+    pillow-heif's decodes an embedded thumbnail in place of the image. Then the processor's
+    bicubic, in the stored orientation (the draft's box is in stored coordinates), and last the
+    EXIF turn on the small result.
     Returns the fitted image and the (width, height) actually decoded.
     """
     orientation = image.getexif().get(0x0112, 1)
@@ -175,7 +194,9 @@ def _fitted(image: Image.Image, budget: int) -> tuple[Fitted, tuple[int, int]]:
     height, width = (stored_w, stored_h) if turned else (stored_h, stored_w)
     th, tw = target_size(height, width, budget)
     want = (th, tw) if turned else (tw, th)  # the target as stored: (width, height)
-    drafted = image.draft("RGB", want)  # JPEG only (None elsewhere); picks a scale ≥ want
+    scale = _draft_scale(image.size, want) if image.format in ("JPEG", "MPO") else 1
+    # asked for 1/scale of each side, rounded down, Pillow's draft takes exactly that scale
+    drafted = image.draft("RGB", (stored_w // scale, stored_h // scale)) if scale > 1 else None
     image.load()  # lazy open: a truncated file fails here, inside the caller's try
     if orientation != 1 and image.getexif().get(0x0112, 1) == 1:  # the loader turned it itself (TIFF)
         orientation, (width, height) = 1, image.size  # so it is upright, full size: no draft here

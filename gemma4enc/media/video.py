@@ -293,7 +293,7 @@ def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str
         "backend": "decord",
         "total_frames": total,
         "fps": float(reader.get_avg_fps()),
-        "duration": round(float(stamps[:, 1].max()), 6),  # where the last frame ends, as PyAV's
+        "duration": round(_decord_length(stamps, total, float(reader.get_avg_fps())), 6),
         "height": int(batch.shape[1]),
         "width": int(batch.shape[2]),
     }
@@ -303,6 +303,14 @@ def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str
         timestamps=[round(float(times[i]), 6) for i in wanted],
         info=info,
     )
+
+
+def _decord_length(stamps: np.ndarray, total: int, fps: float) -> float:
+    """Where the last frame ends, as decode_video_pyav's duration; by count at the average rate
+    where decord's stamps are not times (MPEG-PS: its first frames come out at -1e14 s)."""
+    if (stamps < 0).any() or not np.all(np.diff(stamps[:, 0]) >= 0):
+        return total / fps if fps else float(stamps[:, 1].max())
+    return float(stamps[:, 1].max())
 
 
 def _probe(path: str, max_pixels: int | None) -> str | None:

@@ -81,15 +81,22 @@ def scan(container, stream) -> Index:
     return index
 
 
+# containers with no length in a header: FFmpeg's stream duration is its own estimate from the
+# stamps it samples, and on MPEG-PS it is short (3.68 s for 96 frames at 25 fps, which end at 3.84)
+STAMPED_ONLY = {"mpeg", "mpegts", "mpegvideo", "vob"}
+
+
 def length(stream, index: Index, last: tuple[int, int | None]) -> float:
-    """The stream's duration in seconds, not its last frame's start: the header's (MP4, MOV, AVI;
-    FFmpeg's reading of the first and last stamps for MPEG-TS) unless the stream is cut short;
-    else (MKV/WebM keep it per file, a cut file has lost its end) where the last frame ends."""
+    """The stream's duration in seconds, not its last frame's start: the header's (MP4, MOV, AVI)
+    unless the stream is cut short; else (MKV/WebM keep it per file, MPEG-TS/PS have none, a cut
+    file has lost its end) where the last frame ends; a stream numbered by count, its frames at
+    its frame rate."""
     fps = float(stream.average_rate or 0) or 30.0
-    if stream.duration and not index.truncated:
-        return float(stream.duration * stream.time_base)
     if index.by_count:  # no reliable stamps (MPEG-PS): the frames there, at the stream's rate
         return index.packets / fps
+    header = stream.container.format.name not in STAMPED_ONLY
+    if stream.duration and header and not index.truncated:
+        return float(stream.duration * stream.time_base)
     tb = float(stream.time_base)
     start = stream.start_time if stream.start_time is not None else int(index.order[0])
     pts, duration = last
