@@ -244,6 +244,10 @@ def test_store_pooled_keeps_the_vectors_without_the_tokens(folder, ckpt):
         with pytest.raises(KeyError, match="--store pooled"):
             reader.frames(clip)
     keys, frames = little.pooled_matrix(per_frame=True)
+    flat = gemma4enc.open(small, framework="numpy")
+    for per_frame in (False, True):  # the numpy reader gives what torch's does, from the vectors alone
+        (k_torch, m_torch), (k_numpy, m_numpy) = little.pooled_matrix(per_frame), flat.pooled_matrix(per_frame)
+        assert k_torch == k_numpy and m_numpy.shape == m_torch.shape and np.array_equal(m_numpy, m_torch)
     want = {(p.replace(str(media), str(copy)), f): v for (p, f), v in zip(*big.pooled_matrix(per_frame=True))}
     for key, vector in zip(keys, frames):  # stored in bfloat16, computed from bfloat16 tokens in float32
         assert np.allclose(vector, want[key], rtol=1e-2, atol=1e-2), key
