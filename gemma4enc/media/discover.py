@@ -196,6 +196,7 @@ def discover_chunks(
             root
         ):  # a typo, not a file that vanished: say so now
             raise UsageError(f"{root}: no such file or folder")
+    _reach([*roots, *listed])
     seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
     for root in [*roots, *listed]:
         url = remote.is_url(root)
@@ -251,6 +252,19 @@ def discover_chunks(
         )
     counts["last"] = True  # what follows is the last chunk: a caller need not stream
     yield sorted(items.values(), key=lambda i: i.path)
+
+
+def _reach(paths: list[str]) -> None:
+    """One request to each store the URLs name (per bucket) before anything starts: missing or
+    refused credentials, or an endpoint that does not answer, is one line and exit 2, not a row
+    per file or a traceback."""
+    asked = set()
+    for path in paths:
+        if remote.is_url(path):
+            store = path.split("/", 3)[:3]  # protocol, '', bucket
+            if tuple(store) not in asked:
+                asked.add(tuple(store))
+                remote.reach(path)
 
 
 def _nested(roots: list[str]) -> bool:
