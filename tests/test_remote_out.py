@@ -338,7 +338,8 @@ def test_missing_or_refused_keys_and_a_dead_endpoint_are_one_line_and_exit_2(s3,
         "encode -o URL": ["encode", good / "small.png", "-o", f"s3://{BUCKET}/keys/new", "--model", ckpt, *BASE],
         "encode URL": ["encode", f"s3://{BUCKET}/keys/media", "-o", tmp_path / "o", "--model", ckpt, *BASE],
         "inspect": ["inspect", url], "verify": ["verify", url], "export": ["export", url, tmp_path / "x"],
-        "search": ["search", url, "--duplicates"],
+        "search": ["search", url, "--duplicates"], "compact": ["compact", url],
+        "plan -o URL": ["plan", good / "small.png", "-o", url],
     }
     cases = [
         ("no keys", {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, False,
