@@ -365,3 +365,28 @@ def test_missing_or_refused_keys_and_a_dead_endpoint_are_one_line_and_exit_2(s3,
                 assert took < 15, (case, command, took)  # told at once, not after rounds of retries
     s3fs.S3FileSystem.clear_instance_cache()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["none"] or not list(tmp_path.iterdir())
+
+
+def test_export_to_a_url_uploads_the_export_and_refuses_a_prefix_in_use(s3, good, ckpt, local, tmp_path):
+    """export OUT s3://…: the same files as a local export, uploaded (export.json last); a prefix that
+    holds anything is refused without --overwrite, which replaces only what an export wrote."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    url = f"s3://{BUCKET}/runs/first"  # the first test's OUT (or made here when run alone)
+    if not s3.exists(f"{BUCKET}/runs/first/settings.json"):
+        assert _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0")[0] == 0
+    dest, prefix = f"s3://{BUCKET}/exports/clip", f"{BUCKET}/exports/clip"
+    code, output = _cli("export", url, dest, "--to", "clip", "--json")
+    assert code == 0, output
+    report = _summary(output)
+    assert report["dir"] == dest and report["rows"] == 6
+    assert _objects(s3, prefix) == sorted([*report["files"], "export.json"])
+    with s3.open(f"{prefix}/metadata/metadata_0.parquet", "rb") as f:
+        paths = pq.read_table(f).column("path").to_pylist()
+    assert sorted(Path(p).name for p in paths) == sorted(local)
+    s3.pipe(f"{prefix}/notes.txt", b"mine")
+    code, output = _cli("export", url, dest, "--to", "parquet")
+    assert code == 2 and "is not empty" in output, output
+    code, output = _cli("export", url, dest, "--to", "parquet", "--overwrite")
+    assert code == 0, output
+    assert _objects(s3, prefix) == ["data/train-00000.parquet", "export.json", "notes.txt"]
+    assert not list(Path(".").glob("s3:*"))

@@ -103,6 +103,7 @@ class TaskEncoder:
             from ..output.store import Store
 
             self.store, self.out = Store(out), tempfile.mkdtemp(prefix="gemma4enc-task-")
+            self.store.reached = True  # the driver reached it: a failure here is the store's, retried
 
     def _publish(self, local: Path) -> None:
         try:
