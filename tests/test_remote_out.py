@@ -378,7 +378,7 @@ def test_export_to_a_url_uploads_the_export_and_refuses_a_prefix_in_use(s3, good
     code, output = _cli("export", url, dest, "--to", "clip", "--json")
     assert code == 0, output
     report = _summary(output)
-    assert report["dir"] == dest and report["rows"] == 6
+    assert report["dir"] == dest and report["rows"] == 6 and report["source"] == url
     assert _objects(s3, prefix) == sorted([*report["files"], "export.json"])
     with s3.open(f"{prefix}/metadata/metadata_0.parquet", "rb") as f:
         paths = pq.read_table(f).column("path").to_pylist()

@@ -81,7 +81,7 @@ def export(
     normalize = to == "clip" if normalize is None else normalize
     info = {
         "producer": f"gemma4enc {__version__}",
-        "source": str(emb.out.resolve()),
+        "source": _source(emb.out),
         "format": to,
         "dtype": dtype,
         "normalized": normalize,
@@ -158,6 +158,14 @@ def _store_files(store) -> list[str]:
         return []
     cut = len(store.root) + 1
     return [name[cut:] for name in found]
+
+
+def _source(out: Path) -> str:
+    """OUT as the user named it: its URL where it is a store's mirror (not the temp folder)."""
+    from .mirror import MIRRORS
+
+    mirror = MIRRORS.get(Path(out))
+    return mirror.url if mirror is not None else str(Path(out).resolve())
 
 
 def _settings(out: Path) -> dict:
