@@ -29,8 +29,15 @@ def open(out, framework: str = "pt"):  # noqa: A001 - the reader's natural name,
 
     from .output.mirror import Mirror
 
-    mirror = Mirror(str(out)).pull()
+    from .errors import OutputError
+    from .output.store import SAVED
+
+    mirror = Mirror(str(out))
     try:
+        try:
+            mirror.pull()
+        except OutputError as e:  # keys, endpoint, a store down: said without a run's advice
+            raise OutputError(str(e).removesuffix(SAVED)) from None
         if not mirror.found:
             from .output.files import not_an_output
 

@@ -244,6 +244,10 @@ def test_store_pooled_keeps_the_vectors_without_the_tokens(folder, ckpt):
         with pytest.raises(KeyError, match="--store pooled"):
             reader.frames(clip)
     keys, frames = little.pooled_matrix(per_frame=True)
+    flat = gemma4enc.open(small, framework="numpy")
+    for per_frame in (False, True):  # the numpy reader gives what torch's does, from the vectors alone
+        (k_torch, m_torch), (k_numpy, m_numpy) = little.pooled_matrix(per_frame), flat.pooled_matrix(per_frame)
+        assert k_torch == k_numpy and m_numpy.shape == m_torch.shape and np.array_equal(m_numpy, m_torch)
     want = {(p.replace(str(media), str(copy)), f): v for (p, f), v in zip(*big.pooled_matrix(per_frame=True))}
     for key, vector in zip(keys, frames):  # stored in bfloat16, computed from bfloat16 tokens in float32
         assert np.allclose(vector, want[key], rtol=1e-2, atol=1e-2), key
@@ -271,3 +275,72 @@ def test_store_pooled_keeps_the_vectors_without_the_tokens(folder, ckpt):
     after = gemma4enc.open(small)
     assert len(after) == len(before) - 1 and all(torch.equal(after.pooled(p), before[p]) for p in after)
     assert len(after.pooled_matrix(per_frame=True)[0]) == len(keys) - 1
+
+
+def test_every_format_carries_the_sidecars_img2dataset_wrote(ckpt, tmp_path):
+    """img2dataset → embeddings → clip-retrieval / datasets / WebDataset: a tar member's caption and
+    url (its KEY.txt and KEY.json) come out of every export, read back by each format's library; a
+    file without sidecars has none."""
+    import io
+    import tarfile
+
+    import datasets
+    import pyarrow.parquet as pq
+    import webdataset as wds
+    from embedding_reader import EmbeddingReader
+
+    from .helpers import BASE, encode, photo
+
+    media = tmp_path / "media"
+    media.mkdir()
+    for i in range(3):
+        photo(48 + 8 * i, 64, seed=i).save(media / f"{i}.jpg")
+    described = {"000000": {"url": "https://example.com/a.jpg", "caption": "a red fox", "key": "000000",
+                            "status": "success", "width": 64},
+                 "000001": {"url": "https://example.com/b.jpg", "caption": "from the json only"}}
+    tar = tmp_path / "shard-00000.tar"
+    with tarfile.open(tar, "w") as t:
+        for key, src, txt in (("000000", media / "0.jpg", "a red fox, in the snow"), ("000001", media / "1.jpg", None)):
+            t.add(src, arcname=f"{key}.jpg")
+            for ext, data in ((".json", json.dumps(described[key])), (".txt", txt)):
+                if data is not None:
+                    info = tarfile.TarInfo(f"{key}{ext}")
+                    info.size = len(data.encode())
+                    t.addfile(info, io.BytesIO(data.encode()))
+    out = tmp_path / "out"
+    assert encode([tar, media / "2.jpg", "-o", out, "--model", ckpt, *BASE, "--workers", "0"]).exit_code == 0
+    want = {f"{tar}/000000.jpg": ("a red fox, in the snow", "https://example.com/a.jpg"),
+            f"{tar}/000001.jpg": ("from the json only", "https://example.com/b.jpg"),
+            str(media / "2.jpg"): (None, None)}
+    sidecar = {p: r.get("sidecar") for p, r in gemma4enc.open(out).ok_rows()}
+    assert sidecar[f"{tar}/000000.jpg"] == {"json": described["000000"], "txt": "a red fox, in the snow"}
+
+    def check(path, caption, url, whole):
+        assert (caption, url) == want[path], path
+        assert (json.loads(whole) if isinstance(whole, str) else whole) == sidecar[path], path
+
+    for extra in ((), ("--per-frame",)):  # clip-retrieval's layout, through embedding-reader
+        dest = tmp_path / ("clip" + "".join(extra))
+        export(out, dest, "--to", "clip", *extra)
+        reader = EmbeddingReader(str(dest / "img_emb"), file_format="parquet_npy",
+                                 metadata_folder=str(dest / "metadata"), meta_columns=["path", "caption", "url", "sidecar"])
+        seen = [m for _, meta in reader(batch_size=10, show_progress=False) for _, m in meta.iterrows()]
+        assert sorted(m["path"] for m in seen) == sorted(want)
+        for m in seen:
+            check(m["path"], m["caption"], m["url"], m["sidecar"])
+    dest = tmp_path / "parquet"  # datasets
+    export(out, dest, "--to", "parquet")
+    ds = datasets.load_dataset(str(dest), split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert ds.features["caption"] == datasets.Value("string") and ds.num_rows == 3
+    for item in ds:
+        check(item["path"], item["caption"], item["url"], item["sidecar"])
+    assert pq.read_table(dest / "data").column("caption").null_count == 1
+    dest = tmp_path / "wds"  # WebDataset: the caption as KEY.txt, as img2dataset wrote it
+    export(out, dest, "--to", "webdataset")
+    samples = list(wds.WebDataset(sorted(glob.glob(str(dest / "*.tar"))), shardshuffle=False,
+                                  empty_check=False).decode())
+    assert len(samples) == 3
+    for sample in samples:
+        meta = sample["json"]
+        check(meta["path"], meta["caption"], meta["url"], meta["sidecar"])
+        assert sample.get("txt") == want[meta["path"]][0]  # absent where there is no caption

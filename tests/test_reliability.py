@@ -196,6 +196,51 @@ def test_turning_hash_on_never_vouches_for_older_content(good, ckpt, tmp_path):
     assert {Path(r["path"]).name: r["sha256"] for r in table} == {n: r["sha256"] for n, r in rows.items()}
 
 
+def test_a_file_rewritten_between_its_hash_and_its_decode_is_read_again(good, ckpt, tmp_path, monkeypatch):
+    """--hash reads a file twice (hash, then decode): a same-size rewrite in between, mtime set back,
+    is seen by its ctime and the file read again, so the row's hash is of the bytes its tokens came
+    from; one that keeps changing is given up as unreadable, never paired."""
+    import hashlib
+
+    import gemma4enc
+    from gemma4enc.media import workers
+
+    media = tmp_path / "media"
+    media.mkdir()
+    path = media / "p.jpg"
+    shutil.copy(good / "photo0.jpg", path)
+    st = path.stat()
+    other = tmp_path / "other.jpg"
+    photo(*Image.open(path).size[::-1], seed=77).save(other, quality=40)
+    versions = [path.read_bytes(), (other.read_bytes() + bytes(st.st_size))[: st.st_size]]
+    real, rewrites = workers.decode, {"left": 1}
+
+    def rewritten(*args, **kwargs):  # the file rewritten in place after it was hashed
+        if rewrites["left"]:
+            rewrites["left"] -= 1
+            with open(path, "r+b") as f:
+                f.write(versions[1] if path.read_bytes() == versions[0] else versions[0])
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(workers, "decode", rewritten)
+    out = tmp_path / "out"
+    args = ["-o", out, "--model", ckpt, *BASE, "--workers", "0", "--hash"]
+    assert encode([media, *args]).exit_code == 0
+    row = gemma4enc.open(out).row(path)
+    assert row["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(versions[1]).hexdigest()
+    monkeypatch.setattr(workers, "decode", real)
+    alone = tmp_path / "alone"
+    assert encode([path, "-o", alone, "--model", ckpt, *BASE, "--workers", "0"]).exit_code == 0
+    assert torch.equal(gemma4enc.open(out)[path], gemma4enc.open(alone)[path])
+    monkeypatch.setattr(workers, "decode", rewritten)
+    rewrites["left"] = 1 + workers.REREADS  # every read meets another rewrite
+    again = encode([path, *args, "--overwrite"])
+    assert again.exit_code == 1
+    row = gemma4enc.open(out).row(path)
+    assert row["status"] == "unreadable" and "kept changing" in row["error"] and not row.get("sha256")
+
+
 def test_overwrite_is_needed_to_change_settings(good, ckpt, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -314,3 +314,79 @@ def test_files_from_takes_a_list_kept_in_the_store(s3, good, ckpt, tmp_path):
                         "--model", ckpt, *BASE)
     assert code == 2 and f"--files-from s3://{BUCKET}/listed/nope.txt" in output, output
     assert not (tmp_path / "o2").exists()
+
+
+def test_missing_or_refused_keys_and_a_dead_endpoint_are_one_line_and_exit_2(s3, good, ckpt, tmp_path,
+                                                                              monkeypatch):
+    """No keys, keys the store does not know, an endpoint nothing listens on: each command that
+    reads or writes the store ends at once with exit 2 and one line naming what to set, and
+    makes nothing locally (no retries: none would mend them)."""
+    import moto.settings
+
+    url = f"s3://{BUCKET}/keys/out"
+    code, output = _cli("encode", good / "small.png", "-o", url, "--model", ckpt, *BASE, "--workers", "0")
+    assert code == 0, output
+    s3.put(str(good / "small.png"), f"{BUCKET}/keys/media/small.png")
+    monkeypatch.chdir(tmp_path)
+    for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(name, str(tmp_path / "none"))  # the machine's own keys stay out of it
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{free.getsockname()[1]}"  # closed again: nothing listens there
+    commands = {
+        "encode -o URL": ["encode", good / "small.png", "-o", f"s3://{BUCKET}/keys/new", "--model", ckpt, *BASE],
+        "encode URL": ["encode", f"s3://{BUCKET}/keys/media", "-o", tmp_path / "o", "--model", ckpt, *BASE],
+        "inspect": ["inspect", url], "verify": ["verify", url], "export": ["export", url, tmp_path / "x"],
+        "search": ["search", url, "--duplicates"], "compact": ["compact", url],
+        "plan -o URL": ["plan", good / "small.png", "-o", url],
+    }
+    cases = [
+        ("no keys", {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, False,
+         "no credentials for s3:// were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+        ("a dead endpoint", {"AWS_ENDPOINT_URL": dead}, False, f"cannot reach the store at {dead}"),
+        ("wrong keys", {"AWS_ACCESS_KEY_ID": "wrong", "AWS_SECRET_ACCESS_KEY": "wrong"}, True,
+         "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+    ]
+    for case, env, auth, says in cases:
+        with monkeypatch.context() as mp:
+            for k, v in env.items():
+                mp.delenv(k) if v is None else mp.setenv(k, v)
+            if auth:  # moto checks keys only when told to; then it knows none but those IAM made
+                mp.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+            for command, args in commands.items():
+                s3fs.S3FileSystem.clear_instance_cache()  # clients made with the case's environment
+                start = time.monotonic()
+                result = RUN.invoke(app, list(map(str, args)))
+                took = time.monotonic() - start
+                lines = [line for line in result.stderr.splitlines() if line.strip()]
+                assert result.exit_code == 2 and len(lines) == 1, (case, command, result.output)
+                assert says in lines[0] and "Traceback" not in result.output, (case, command, lines)
+                assert took < 15, (case, command, took)  # told at once, not after rounds of retries
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["none"] or not list(tmp_path.iterdir())
+
+
+def test_export_to_a_url_uploads_the_export_and_refuses_a_prefix_in_use(s3, good, ckpt, local, tmp_path):
+    """export OUT s3://…: the same files as a local export, uploaded (export.json last); a prefix that
+    holds anything is refused without --overwrite, which replaces only what an export wrote."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    url = f"s3://{BUCKET}/runs/first"  # the first test's OUT (or made here when run alone)
+    if not s3.exists(f"{BUCKET}/runs/first/settings.json"):
+        assert _cli("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0")[0] == 0
+    dest, prefix = f"s3://{BUCKET}/exports/clip", f"{BUCKET}/exports/clip"
+    code, output = _cli("export", url, dest, "--to", "clip", "--json")
+    assert code == 0, output
+    report = _summary(output)
+    assert report["dir"] == dest and report["rows"] == 6 and report["source"] == url
+    assert _objects(s3, prefix) == sorted([*report["files"], "export.json"])
+    with s3.open(f"{prefix}/metadata/metadata_0.parquet", "rb") as f:
+        paths = pq.read_table(f).column("path").to_pylist()
+    assert sorted(Path(p).name for p in paths) == sorted(local)
+    s3.pipe(f"{prefix}/notes.txt", b"mine")
+    code, output = _cli("export", url, dest, "--to", "parquet")
+    assert code == 2 and "is not empty" in output, output
+    code, output = _cli("export", url, dest, "--to", "parquet", "--overwrite")
+    assert code == 0, output
+    assert _objects(s3, prefix) == ["data/train-00000.parquet", "export.json", "notes.txt"]
+    assert not list(Path(".").glob("s3:*"))

@@ -274,6 +274,16 @@ def test_the_whole_file_is_checked_first(setup, media, tmp_path):
         training.Conversations(setup.emb, conversations(media), model=gc.build(tmp_path / "other", setup.kind, 9))
     with pytest.raises(training.TrainingDataError, match="image_soft_tokens '140', want '280'"):
         training.Conversations(setup.emb, conversations(media), expect={"image_soft_tokens": 280})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'image_tokens'.*image_soft_tokens"):
+        training.Conversations(setup.emb, conversations(media), expect={"image_tokens": 280})  # a typo
+    if setup.kind == "e2b":  # an OUT of pooled vectors only is refused up front, by OUT or by reader
+        pooled = encode(media, tmp_path / "pooled", setup.ckpt, "--store", "pooled")
+        for out in (pooled, tmp_path / "pooled"):
+            with pytest.raises(training.TrainingDataError, match="--store pooled: it keeps each file's pooled"):
+                training.Conversations(out, conversations(media))
+        (tmp_path / "pooled" / "settings.json").unlink()  # nothing to tell by but the shards
+        with pytest.raises(training.TrainingDataError, match=r"only its pooled vector is stored"):
+            training.Conversations(tmp_path / "pooled", conversations(media))
     (media / "bad.jsonl").write_text('{"messages": []}\nnot json\n')
     with pytest.raises(training.TrainingDataError, match=r"bad.jsonl:2: not JSON"):
         training.Conversations(setup.emb, media / "bad.jsonl")

@@ -13,7 +13,7 @@ from ..options import Options, parse_size
 from ..output.files import not_an_output
 from ..output.mirror import local_out, locked_out
 from .app import command
-from .flags import Json, OutFolder, Quiet, local_path
+from .flags import Json, OutFolder, Quiet
 from .log import Bar
 
 
@@ -183,11 +183,12 @@ def export(
     json_out: Json = False,
 ):
     """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
-    from ..output.export import export as run_export
+    from ..media.remote import is_url
+    from ..output.export import export_to
 
-    dest = local_path(dest, "export's DIR")  # before OUT is read: nothing fetched for nothing
+    dest = dest if is_url(dest) else Path(dest)  # a URL: made here, then uploaded
     with local_out(out, need=True) as folder:
-        report = run_export(
+        report = export_to(
             folder,
             to,
             dest,
@@ -196,7 +197,7 @@ def export(
             normalize,
             rows_per_file,
             parse_size(file_size, "--file-size"),
-            overwrite,
+            overwrite=overwrite,
         )
     if json_out:
         typer.echo(json.dumps(report, indent=2))

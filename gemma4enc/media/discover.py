@@ -193,6 +193,7 @@ def discover_chunks(
     for root, pattern in roots:
         if pattern is None and not remote.is_url(root) and not os.path.lexists(root):
             raise UsageError(f"{root}: no such file or folder")  # a typo, not a file that vanished: say so now
+    _reach([name for name, _ in [*roots, *listed]])
     seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
     for root, pattern in [*roots, *listed]:
         url = remote.is_url(root)
@@ -249,6 +250,19 @@ def discover_chunks(
         )
     counts["last"] = True  # what follows is the last chunk: a caller need not stream
     yield sorted(items.values(), key=lambda i: i.path)
+
+
+def _reach(paths: list[str]) -> None:
+    """One request to each store the URLs name (per bucket) before anything starts: missing or
+    refused credentials, or an endpoint that does not answer, is one line and exit 2, not a row
+    per file or a traceback."""
+    asked = set()
+    for path in paths:
+        if remote.is_url(path):
+            store = path.split("/", 3)[:3]  # protocol, '', bucket
+            if tuple(store) not in asked:
+                asked.add(tuple(store))
+                remote.reach(path)
 
 
 def _nested(roots: list[str]) -> bool:

@@ -43,8 +43,15 @@ class Decoded:
     sidecar: dict | None = None  # a tar member's: its sample's .json / .txt (webdataset.sidecars)
 
 
-def prepare(item: Item, options: Options) -> Decoded:
-    """Decode + patchify one file; every failure is caught and kept with the file."""
+REREADS = 2  # --hash: times a local file rewritten while it was read is read again
+
+
+def prepare(item: Item, options: Options, rereads: int = REREADS) -> Decoded:
+    """Decode + patchify one file; every failure is caught and kept with the file.
+
+    With --hash the file is hashed, then decoded: two reads. A local file rewritten between them
+    (its ctime moves, whatever its size and mtime say) would pair a hash with other bytes' tokens,
+    so it is read again, up to `rereads` times, then given up as unreadable."""
     if item.error:  # discovery could not even look at it, and said why
         return Decoded(item, status=item.status or Status.UNREADABLE, error=item.error)
     if item.kind == "unknown":
@@ -56,6 +63,7 @@ def prepare(item: Item, options: Options) -> Decoded:
     try:
         if elsewhere:  # a URL or a tar's member: the decoders read a file object
             source = webdataset.open_source(item.path, item.root, item.rel)
+        before = _stamp(item.path) if options.hash and not elsewhere else None
         digest = sha256(item.path, item.root, item.rel) if options.hash else None
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
         shrink = prefit if item.kind == "video" and options.resize == "fast" else lambda image, _: image
@@ -84,6 +92,14 @@ def prepare(item: Item, options: Options) -> Decoded:
                 video["truncated"] = True
             if frames.info.get("missing"):  # asked for, not decodable: the row says which
                 video["missing_frames"] = frames.info["missing"]
+        if before is not None and _stamp(item.path) != before:  # rewritten while it was read
+            if rereads > 0:
+                return prepare(item, options, rereads - 1)
+            return Decoded(
+                item,
+                status=Status.UNREADABLE,
+                error="the file kept changing while it was read (its hash and its tokens would differ)",
+            )
         sidecar = None
         if elsewhere and webdataset.member_of(item.path, item.root, item.rel):
             sidecar = webdataset.sidecars(item.root, item.rel) or None
@@ -115,6 +131,12 @@ def prepare(item: Item, options: Options) -> Decoded:
     finally:
         if source is not item.path:
             source.close()
+
+
+def _stamp(path: str) -> tuple[int, int, int, int]:
+    """What any write to a local file moves: ctime cannot be set back as mtime can (os.utime)."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def sha256(path: str, root: str | None = None, rel: str | None = None) -> str:

@@ -81,7 +81,7 @@ def export(
     normalize = to == "clip" if normalize is None else normalize
     info = {
         "producer": f"gemma4enc {__version__}",
-        "source": str(emb.out.resolve()),
+        "source": _source(emb.out),
         "format": to,
         "dtype": dtype,
         "normalized": normalize,
@@ -111,6 +111,61 @@ def export(
         writer.abort()
         raise
     return report | {"seconds": round(time.perf_counter() - start, 3)}
+
+
+def export_to(out, to: str, dest: str, *args, overwrite: bool = False) -> dict:
+    """export() into DEST, a folder or a URL (s3://bucket/prefix): to a store, the export is made
+    in a temp folder here (the disk holds it whole), then each file is uploaded, export.json last
+    (an export that stops on the way has none, as locally)."""
+    import shutil
+    import tempfile
+
+    from ..media.remote import is_url
+    from .store import SAVED, Store
+
+    if not is_url(str(dest)):
+        return export(out, to, dest, *args, overwrite)
+    store = Store(str(dest))
+    try:
+        there = _store_files(store)
+    except OutputError as e:  # keys, endpoint: nothing written yet
+        raise UsageError(str(e).removesuffix(SAVED)) from None
+    if there and not overwrite:
+        raise UsageError(
+            f"{store.url} is not empty; give another prefix, or --overwrite to replace an earlier export"
+        )
+    store.delete(sorted(n for n in there if OURS.match(n)))
+    local = Path(tempfile.mkdtemp(prefix="gemma4enc-export-"))
+    try:
+        report = export(out, to, local / "dest", *args, False)
+        for name in [*report["files"], INFO]:
+            store.upload(local / "dest" / name, name)
+    except OutputError as e:
+        raise OutputError(
+            str(e).removesuffix(SAVED).replace(str(local / "dest"), store.url)
+            + "; run it again with --overwrite once the store takes writes"
+        ) from None
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    return report | {"dir": store.url}
+
+
+def _store_files(store) -> list[str]:
+    """Every object under a store prefix, by its name below it (an export has folders)."""
+    try:
+        found = store._retried("list DIR", store.fs.find, store.root)
+    except FileNotFoundError:
+        return []
+    cut = len(store.root) + 1
+    return [name[cut:] for name in found]
+
+
+def _source(out: Path) -> str:
+    """OUT as the user named it: its URL where it is a store's mirror (not the temp folder)."""
+    from .mirror import MIRRORS
+
+    mirror = MIRRORS.get(Path(out))
+    return mirror.url if mirror is not None else str(Path(out).resolve())
 
 
 def _settings(out: Path) -> dict:

@@ -35,6 +35,11 @@ META = {
     "size": "int64",
     "mtime_ns": "int64",
     "sha256": "string",
+    # a WebDataset member's sidecars (img2dataset's KEY.txt / KEY.json): the caption and url as
+    # clip-retrieval and datasets name them, and the whole sidecar as JSON text (nothing dropped)
+    "caption": "string",
+    "url": "string",
+    "sidecar": "string",
 }
 
 
@@ -55,6 +60,7 @@ def row_meta(rec: Record, per_frame: bool) -> dict:
         "size": row.get("size"),
         "mtime_ns": row.get("mtime_ns"),
         "sha256": row.get("sha256"),
+        **_sidecar_meta(row.get("sidecar")),
     }
     if per_frame:
         f, video = rec.frame, row.get("kind") == "video"
@@ -63,6 +69,20 @@ def row_meta(rec: Record, per_frame: bool) -> dict:
         if video:
             meta["tokens"] = pick("frame_tokens")
     return meta
+
+
+def _sidecar_meta(sidecar) -> dict:
+    """caption (the .txt, else the .json's "caption"), url (the .json's) and the sidecar as JSON text."""
+    if not sidecar:
+        return {"caption": None, "url": None, "sidecar": None}
+    described = sidecar.get("json") if isinstance(sidecar.get("json"), dict) else {}
+    caption = sidecar.get("txt") if isinstance(sidecar.get("txt"), str) else described.get("caption")
+    url = described.get("url")
+    return {
+        "caption": caption if isinstance(caption, str) else None,
+        "url": url if isinstance(url, str) else None,
+        "sidecar": json.dumps(sidecar, ensure_ascii=False),
+    }
 
 
 def _columns(per_frame: bool) -> dict[str, str]:
@@ -282,7 +302,8 @@ class ParquetWriter(Writer):
 
 
 class TarWriter(Writer):
-    """NNNNNN.tar: per row KEY.npy (tokens), KEY.pooled.npy and KEY.json (the metadata and the key).
+    """NNNNNN.tar: per row KEY.npy (tokens), KEY.pooled.npy, KEY.json (the metadata and the key) and,
+    for a member with a caption, KEY.txt.
 
     The ustar headers are made here: tarfile's cost more than the rest of a row (a copy of each
     TarInfo, every field formatted anew); names are short and plain, so one layout serves all."""
@@ -297,7 +318,11 @@ class TarWriter(Writer):
         mtime = max(meta["mtime_ns"] or 0, 0) // 10**9
         self._member(f"{key}.npy", _npy(tokens), mtime)
         self._member(f"{key}.pooled.npy", _npy(_cast(rec.pooled, self.dtype)), mtime)
-        self._member(f"{key}.json", json.dumps({"key": key, **meta}, ensure_ascii=False).encode(), mtime)
+        # the sidecar as an object here (JSON holds it as it is), not as the columns' JSON text
+        described = {"key": key, **meta, "sidecar": rec.row.get("sidecar") or None}
+        self._member(f"{key}.json", json.dumps(described, ensure_ascii=False).encode(), mtime)
+        if meta["caption"] is not None:  # KEY.txt, as img2dataset writes it: wds' "txt" field
+            self._member(f"{key}.txt", meta["caption"].encode(), mtime)
         return tokens.nbytes
 
     def _member(self, name: str, data: bytes, mtime: int) -> None:

@@ -262,15 +262,20 @@ def fetched(out: Path, name: str):
 def local_out(out, need: bool = False):
     """A local folder for OUT: itself, or for a URL a mirror read from the store (not locked: a
     reader's snapshot), removed on exit. `need`: a store with no manifest is a usage error."""
-    from ..errors import UsageError
+    from ..errors import OutputError, UsageError
     from ..media.remote import is_url
     from .files import not_an_output
+    from .store import SAVED
 
     if not is_url(str(out)):
         yield Path(out)
         return
-    mirror = Mirror(str(out)).pull(holder=True)
+    mirror = Mirror(str(out))
     try:
+        try:
+            mirror.pull(holder=True)
+        except OutputError as e:  # keys, endpoint, a store that is down: nothing read, nothing to resume
+            raise UsageError(str(e).removesuffix(SAVED)) from None
         if need and not mirror.found:
             raise UsageError(not_an_output(mirror.url))
         yield mirror.path

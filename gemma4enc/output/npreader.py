@@ -182,8 +182,9 @@ class NumpyEmbeddings(Rows):
         matrix = None
         for name, members in by_shard.items():
             shard = Shard(shard_file(self.out, name))
-            if matrix is None:
-                matrix = np.empty((len(keys), shard.header["tokens"]["shape"][1]), np.float32)
+            if matrix is None:  # --store pooled keeps no tokens: the width is the pooled vectors'
+                wide = "pooled" if "pooled" in shard else "tokens"
+                matrix = np.empty((len(keys), shard.header[wide]["shape"][1]), np.float32)
             pooled = "pooled" in shard
             stored = sorted((i, pos) for i, pos, frames in members if pooled and not frames)
             for at in range(0, len(stored), window):  # windows of rows, read in one piece each
@@ -205,6 +206,9 @@ class NumpyEmbeddings(Rows):
 
     @staticmethod
     def _means(shard: Shard, index: int, per_frame: bool) -> np.ndarray:
+        if "frame_pooled" in shard:  # --store pooled: the frames' means are stored, as retrieval reads them
+            a, b = shard.rows("item_frames", index, index + 2).tolist()
+            return shard.rows("frame_pooled", a, b)
         lo, hi = shard.rows("item_offsets", index, index + 2).tolist()
         tokens = shard.rows("tokens", lo, hi)
         if not per_frame:

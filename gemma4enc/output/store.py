@@ -10,8 +10,12 @@ An object store has no rename, no append and no flock. What stands in for them h
   left on this host by a process that is gone, is taken over, as a killed run's flock is.
 
 A store that answers errors (503 SlowDown, a connection dropped mid-upload) costs retries here,
-on top of the protocol's own; one that still fails is an OutputError (exit 4), with the run's
-finished work saved as far as it was uploaded.
+and only here: the protocol's client is made not to retry (remote.ONE_TRY), so a request gives up
+after TRIES attempts within RETRY_S. One that still fails is an OutputError (exit 4), with the
+run's finished work saved as far as it was uploaded, and the store is taken for down: each later
+request (the lock's release) is tried once. What no retry mends is said at once, naming what to
+fix: no credentials, keys the store refuses, and a store never reached since this Store was made
+(a wrong endpoint).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from pathlib import Path
 from ..errors import OutputError, UsageError, reason
 from .lock import LOCK, alive, describe
 
-TRIES = 8  # attempts per request (backoff 0.25 s doubling to 8 s: about half a minute in all)
+TRIES = 8  # attempts per request (backoff 0.25 s doubling to 8 s: 24 s of waits in all)
+RETRY_S = 45.0  # and no retry starts past this many seconds from a request's first attempt
 STALE_S = 600.0  # a lock its holder has not rewritten for this long is a dead run's
 RENEW_S = 60.0
 SAVED = "; the files finished before are saved, re-run to resume"  # what an OutputError mid-run adds
@@ -40,23 +45,34 @@ class Store:
         from ..media.remote import filesystem
 
         self.url = url.rstrip("/")
-        self.fs, root = filesystem(self.url)
+        self.fs, root = filesystem(self.url, one_try=True)
         self.root = root.rstrip("/")
+        self.reached = False  # whether the store has answered yet (a wrong endpoint never does)
+        self.down = False  # a request gave up: later ones are tried once
 
     def key(self, name: str) -> str:
         return f"{self.root}/{name}"
 
     def _retried(self, what: str, call, *args, **kwargs):
         """call(*args), again after a transient error; a store's final no is an OutputError."""
-        delay = 0.25
+        from ..media.remote import first_line, refusal, unreached, unreached_line
+
+        delay, deadline = 0.25, time.monotonic() + RETRY_S
         for attempt in range(TRIES):
             try:
-                return call(*args, **kwargs)
-            except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError):
+                answer = call(*args, **kwargs)
+                self.reached = True
+                return answer
+            except (FileNotFoundError, FileExistsError, IsADirectoryError):
+                self.reached = True
                 raise  # answers, not failures: the caller decides
             except Exception as e:  # noqa: BLE001 - 503s, resets, timeouts: each protocol names them its own way
-                if attempt == TRIES - 1:
-                    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                if (line := refusal(e, self.url)) is not None:  # keys: no retry mends them
+                    raise OutputError(f"cannot {what} in {self.url}: {line}{SAVED}") from None
+                never = not self.reached and unreached(e)  # a wrong endpoint, not a store gone down
+                if never or self.down or attempt == TRIES - 1 or time.monotonic() + delay > deadline:
+                    self.down = not never
+                    why = unreached_line(e, self.url) if unreached(e) else first_line(e)
                     raise OutputError(f"cannot {what} in {self.url}: {why}{SAVED}") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 8.0)
@@ -78,10 +94,10 @@ class Store:
         return [got[self.key(n)] for n in names]
 
     def _written(self, what: str, call, *args, **kwargs):
-        """A write; a missing bucket or a refusal is a store's final no, said in one line."""
+        """A write; a missing bucket is a store's final no, said in one line."""
         try:
             return self._retried(what, call, *args, **kwargs)
-        except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        except (FileNotFoundError, IsADirectoryError) as e:
             why = "no such bucket or container" if isinstance(e, FileNotFoundError) else reason(e)
             raise OutputError(f"cannot {what} in {self.url}: {why}{SAVED}") from None
 

@@ -169,6 +169,12 @@ def check(emb, examples: list[dict], model=None, expect: dict | None = None) -> 
     manifest, status ok, of the kind the part says, and from shards written with the same settings
     (the ones most of the paths have, `expect`'s keys pinned: {"image_soft_tokens": 280}) and by
     `model` when given (its name or folder, and its width)."""
+    unknown = sorted(set(expect or {}) - set(SETTINGS))
+    if unknown:  # a typo would pin nothing and check nothing
+        raise ValueError(
+            f"expect: unknown key(s) {', '.join(map(repr, unknown))}; the settings a shard records "
+            f"are {', '.join(SETTINGS)}"
+        )
     found = Check(examples=len(examples))
     rows, missing, seen = {}, set(), set()
     for example in examples:
@@ -201,6 +207,8 @@ def check(emb, examples: list[dict], model=None, expect: dict | None = None) -> 
     for path, row in ok.items():
         header = headers[row["shard"]]
         differs = [f"{k} {header.get(k)!r}, want {want[k]!r}" for k in want if header.get(k) != want[k]]
+        if header.get("store") == "pooled":
+            differs.append("only its pooled vector is stored (--store pooled), not its tokens")
         if model is not None and (why := _model_differs(header, model)):
             differs.append(why)
         if differs:
@@ -209,6 +217,19 @@ def check(emb, examples: list[dict], model=None, expect: dict | None = None) -> 
 
 
 # ---- the dataset -----------------------------------------------------------------------------
+
+
+def _has_tokens(out: Path) -> None:
+    """An OUT encoded with --store pooled keeps no tokens to train on: said before anything is read."""
+    try:
+        store = json.loads((Path(out) / "settings.json").read_text()).get("store")
+    except (OSError, ValueError):
+        return  # no settings to tell by: check() looks at every shard's header
+    if store == "pooled":
+        raise TrainingDataError(
+            f"{out} was encoded with --store pooled: it keeps each file's pooled vector, not the "
+            "tokens the model is trained on; encode the media again into an OUT without --store pooled"
+        )
 
 
 class Conversations(torch.utils.data.Dataset):
@@ -224,6 +245,7 @@ class Conversations(torch.utils.data.Dataset):
         from .. import open as open_out
 
         self.emb = out if hasattr(out, "frames") else open_out(out)
+        _has_tokens(self.emb.out)
         if isinstance(conversations, (str, os.PathLike)):
             root = Path(conversations).parent if root is None else root
             conversations = read_conversations(conversations)

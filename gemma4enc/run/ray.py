@@ -100,6 +100,7 @@ class TaskEncoder:
             from ..output.store import Store
 
             self.store = Store(out)
+            self.store.reached = True  # the driver reached it: a failure here is the store's, retried
 
     def _publish(self, local: Path) -> None:
         try:
