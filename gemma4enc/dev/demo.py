@@ -226,11 +226,15 @@ def write_images(folder: Path) -> list[Path]:
 
 
 def make_demo(folder: Path) -> tuple[Path, Path]:
-    """A tiny random checkpoint and a folder of generated images and videos."""
+    """A tiny random checkpoint that generates (a tokenizer with a chat template, a processor
+    config: one to fine-tune and to serve offline, dev/chat.py) and a folder of generated images
+    and videos."""
+    from .chat import build_servable
+
     folder = Path(folder)
     ckpt, media = folder / "tiny-gemma4", folder / "media"
-    if not (ckpt / "config.json").exists():
-        build(ckpt, seed=0, shard_size="300KB")
+    if not (ckpt / "tokenizer.json").exists():  # a checkpoint from before it had one is made anew
+        build_servable(ckpt, seed=0, shard_size="300KB")
     write_images(media / "photos")
     (media / "clips").mkdir(parents=True, exist_ok=True)
     write_video(media / "clips" / "h264.mp4", frames=48)

@@ -1,0 +1,106 @@
+"""A tokenizer and chat template for the tiny random checkpoints, and the checkpoint a person can
+fine-tune and serve offline (`gemma4enc demo`): character-level text, Gemma's specials and
+placeholders inside the vocabulary, a Gemma-4-like chat template, a processor config, and the
+fields vLLM reads (a text head_dim its CPU attention takes, vision_config.default_output_length).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]
+MM = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+      "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
+VIDEO = "<|video|>"
+
+
+def vocab() -> dict[str, int]:
+    words = SPECIAL + list(MM.values()) + [VIDEO] + list(string.printable[:95]) + ["\n"]  # "\n" last: ids unchanged
+    return {w: i for i, w in enumerate(words)}
+
+
+# Gemma 4's turn format (`<|turn>role\n…<turn|>\n`, the assistant is `model`), each image / video
+# part as the placeholder its processor expands; plain characters here, where Gemma's are tokens
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] | trim }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'text' %}{{ p['text'] | trim }}{% elif p['type'] == 'image' %}\n\n<|image|>\n\n"
+    "{% elif p['type'] == 'video' %}\n\n<|video|>\n\n{% endif %}{% endfor %}{% endif %}<turn|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+
+
+def tokenizer():
+    """Characters, Gemma's specials and placeholders, a Gemma-4-like chat template; a <bos>
+    before every text, as Gemma's."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    v = vocab()
+    tk = Tokenizer(models.WordLevel(v, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # every character, "\n" too
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", v["<bos>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                                   unk_token="<unk>", extra_special_tokens=MM, chat_template=CHAT_TEMPLATE)
+
+
+def servable_config(vision_tokens: int = 280, **config_kw):
+    """tiny_config with its token ids inside vocab(), untied embeddings (a tied random model repeats
+    its last token), a text head_dim of 32 (the smallest vLLM's CPU attention takes) and the
+    vision_config.default_output_length real Gemma 4 configs carry (vLLM reads it; transformers'
+    config class does not define it, so it is set here by hand)."""
+    from . import demo
+
+    v = vocab()
+    cfg = demo.tiny_config(**config_kw)
+    text = cfg.text_config
+    text.vocab_size = text.vocab_size_per_layer_input = 128
+    text.head_dim = 32
+    text.pad_token_id, text.eos_token_id, text.bos_token_id = v["<pad>"], v["<eos>"], v["<bos>"]
+    cfg.tie_word_embeddings = text.tie_word_embeddings = False
+    cfg.image_token_id, cfg.video_token_id = v[MM["image_token"]], v[VIDEO]
+    cfg.boi_token_id, cfg.eoi_token_id = v[MM["boi_token"]], v[MM["eoi_token"]]
+    cfg.audio_token_id, cfg.boa_token_id = v[MM["audio_token"]], v[MM["boa_token"]]
+    cfg.eoa_token_id = v[MM["eoa_token"]]
+    cfg.vision_config.default_output_length = vision_tokens
+    return cfg
+
+
+def processor_config(image_tokens: int = 280, video_tokens: int = 70) -> dict:
+    """processor_config.json as Gemma4Processor.save_pretrained writes it, built without torchvision
+    (which the video processor's class needs): the image processor's dict (the PIL class writes the
+    torchvision class's name, and AutoProcessor builds whichever backend is installed), the video
+    processor's settings that differ from nothing but say its budget, the audio feature extractor's."""
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    return {
+        "processor_class": "Gemma4Processor",
+        "image_seq_length": image_tokens,
+        "image_processor": Gemma4ImageProcessorPil(max_soft_tokens=image_tokens).to_dict(),
+        "video_processor": {"video_processor_type": "Gemma4VideoProcessor", "max_soft_tokens": video_tokens,
+                            "patch_size": 16, "pooling_kernel_size": 3, "num_frames": 32,
+                            "do_sample_frames": True},
+        "feature_extractor": json.loads(Gemma4AudioFeatureExtractor().to_json_string()),  # numpy made JSON
+    }
+
+
+def build_servable(folder: Path, seed: int = 0, shard_size: str | None = None, **config_kw) -> Path:
+    """Save a random full Gemma 4 that generates, with its tokenizer, chat template and processor
+    config, to `folder`; return the folder."""
+    import torch
+    from transformers import Gemma4ForConditionalGeneration
+
+    from . import demo
+
+    folder = Path(folder)
+    torch.manual_seed(seed)
+    model = Gemma4ForConditionalGeneration(servable_config(**config_kw)).eval()
+    demo.randomize_(model, seed)
+    model.generation_config.pad_token_id = vocab()["<pad>"]
+    model.save_pretrained(folder, **({"max_shard_size": shard_size} if shard_size else {}))
+    tokenizer().save_pretrained(folder)
+    (folder / "processor_config.json").write_text(json.dumps(processor_config(), indent=2) + "\n")
+    return folder
