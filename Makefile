@@ -11,7 +11,7 @@ VENV_LOWEST ?= .venv-lowest
 LOWEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py tests/test_vision.py
 
-.PHONY: venv install wheel-check test test-lowest test-torchvision bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
+.PHONY: venv install wheel-check test test-lowest test-torchvision test-vllm bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
 
 # a venv with torch: kept where one is installed, else CUDA's where a GPU answers, else the CPU wheel
 venv:
@@ -65,6 +65,11 @@ test-torchvision:
 	$(VENV_TV)/bin/python -m pip install -q $(TORCH_TV)
 	$(VENV_TV)/bin/python -m pip install -q . pytest
 	PYTHONPATH=$(CURDIR) $(VENV_TV)/bin/python -m pytest -q -p no:cacheprovider tests/test_torchvision_pixels.py
+
+# vLLM's CPU build serving from gemma4enc's tokens: its venv in ~/.cache/gemma4enc-vllm (minutes, 3.5 GB
+# the first time), then generation from the tokens against generation from pixels (docs/serving.md)
+test-vllm:
+	PYTHON=$(PY) scripts/vllm_check.sh
 
 bench:
 	$(PY) -m gemma4enc bench --device cpu --layers 2 --items 12 --workload photos --workload video --workload mixed --json bench-out/bench.json

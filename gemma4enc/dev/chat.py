@@ -43,7 +43,8 @@ def tokenizer():
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # every character, "\n" too
     tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", v["<bos>"])])
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                                   unk_token="<unk>", extra_special_tokens=MM, chat_template=CHAT_TEMPLATE)
+                                   unk_token="<unk>", extra_special_tokens={**MM, "video_token": VIDEO},
+                                   chat_template=CHAT_TEMPLATE)
 
 
 def servable_config(vision_tokens: int = 280, **config_kw):
