@@ -39,7 +39,7 @@ def prepare(w: Path, photos: int) -> dict:
 
     ckpt = w / "e2b-vision"
     if not (ckpt / "tokenizer.json").exists():
-        cfg = chat.servable_config()
+        cfg = demo.servable_config()
         v = cfg.vision_config
         v.hidden_size, v.intermediate_size, v.num_hidden_layers = 768, 3072, 16
         v.num_attention_heads = v.num_key_value_heads = 12

@@ -1,14 +1,12 @@
-"""A tokenizer and chat template for the tiny random checkpoints, and the checkpoint a person can
-fine-tune and serve offline (`gemma4enc demo`): character-level text, Gemma's specials and
-placeholders inside the vocabulary, a Gemma-4-like chat template, a processor config, and the
-fields vLLM reads (a text head_dim its CPU attention takes, vision_config.default_output_length).
-"""
+"""A tokenizer, chat template and processor config for the tiny random checkpoints that generate
+(demo.build_servable: `gemma4enc demo`'s, one a person can fine-tune and serve offline):
+character-level text, Gemma's specials and placeholders inside the vocabulary, a Gemma-4-like
+chat template, the processor_config.json that Gemma4Processor would write."""
 
 from __future__ import annotations
 
 import json
 import string
-from pathlib import Path
 
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]
 MM = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
@@ -48,28 +46,6 @@ def tokenizer(newlines: bool = True):
                                    chat_template=CHAT_TEMPLATE)
 
 
-def servable_config(vision_tokens: int = 280, **config_kw):
-    """tiny_config with its token ids inside vocab(), untied embeddings (a tied random model repeats
-    its last token), a text head_dim of 32 (the smallest vLLM's CPU attention takes) and the
-    vision_config.default_output_length real Gemma 4 configs carry (vLLM reads it; transformers'
-    config class does not define it, so it is set here by hand)."""
-    from . import demo
-
-    v = vocab()
-    cfg = demo.tiny_config(**config_kw)
-    text = cfg.text_config
-    text.vocab_size = text.vocab_size_per_layer_input = 128
-    text.head_dim = 32
-    text.pad_token_id, text.eos_token_id, text.bos_token_id = v["<pad>"], v["<eos>"], v["<bos>"]
-    cfg.tie_word_embeddings = text.tie_word_embeddings = False
-    cfg.image_token_id, cfg.video_token_id = v[MM["image_token"]], v[VIDEO]
-    cfg.boi_token_id, cfg.eoi_token_id = v[MM["boi_token"]], v[MM["eoi_token"]]
-    cfg.audio_token_id, cfg.boa_token_id = v[MM["audio_token"]], v[MM["boa_token"]]
-    cfg.eoa_token_id = v[MM["eoa_token"]]
-    cfg.vision_config.default_output_length = vision_tokens
-    return cfg
-
-
 def processor_config(image_tokens: int = 280, video_tokens: int = 70) -> dict:
     """processor_config.json as Gemma4Processor.save_pretrained writes it, built without torchvision
     (which the video processor's class needs): the image processor's dict (the PIL class writes the
@@ -87,22 +63,3 @@ def processor_config(image_tokens: int = 280, video_tokens: int = 70) -> dict:
                             "do_sample_frames": True},
         "feature_extractor": json.loads(Gemma4AudioFeatureExtractor().to_json_string()),  # numpy made JSON
     }
-
-
-def build_servable(folder: Path, seed: int = 0, shard_size: str | None = None, **config_kw) -> Path:
-    """Save a random full Gemma 4 that generates, with its tokenizer, chat template and processor
-    config, to `folder`; return the folder."""
-    import torch
-    from transformers import Gemma4ForConditionalGeneration
-
-    from . import demo
-
-    folder = Path(folder)
-    torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration(servable_config(**config_kw)).eval()
-    demo.randomize_(model, seed)
-    model.generation_config.pad_token_id = vocab()["<pad>"]
-    model.save_pretrained(folder, **({"max_shard_size": shard_size} if shard_size else {}))
-    tokenizer().save_pretrained(folder)
-    (folder / "processor_config.json").write_text(json.dumps(processor_config(), indent=2) + "\n")
-    return folder
