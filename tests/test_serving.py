@@ -72,6 +72,12 @@ def test_export_is_vllms_layout_with_the_tokens_and_a_documented_key(served, tmp
     assert (tmp_path / "ec" / "mine.txt").read_text() == "keep"
 
 
+def test_export_of_what_is_not_an_out_is_refused_in_one_line(tmp_path):
+    result, _ = export(tmp_path / "nothing", tmp_path / "ec")
+    assert result.exit_code == 2 and "not a gemma4enc output folder" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "ec").exists()
+
+
 def test_keys_survive_a_moved_folder_and_a_rerun_and_hash_files_without_hash(served, tmp_path, ckpt):
     media, hashed, plain = served
     keys = {os.path.basename(p): e.key for p, e in OutCache(str(hashed)).by_path.items()}

@@ -64,9 +64,13 @@ class Source:
         self.out = str(out).rstrip("/")
         self.remote = "://" in self.out
         if self.remote:
-            from fsspec.core import url_to_fs
+            try:
+                from fsspec.core import url_to_fs
 
-            self.fs, root = url_to_fs(self.out)
+                self.fs, root = url_to_fs(self.out)
+            except ImportError as e:
+                raise ImportError(f"{self.out}: reading it needs fsspec and its protocol's package "
+                                  f"(s3://: pip install s3fs): {e}") from None
             self.root = root.rstrip("/")
 
     def read(self, name: str) -> bytes | None:

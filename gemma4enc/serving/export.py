@@ -68,8 +68,8 @@ def export_vllm(out: str, dest, dtype: str = "float32", overwrite: bool = False)
         raise UsageError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)} (the engine's dtype)")
     try:
         cache = OutCache(str(out))
-    except FileNotFoundError as e:
-        raise UsageError(str(e)) from None
+    except (FileNotFoundError, NotADirectoryError, ImportError, ValueError) as e:  # not an OUT, no protocol
+        raise UsageError(str(e).splitlines()[0]) from None
     dest = Path(dest)
     if "://" in str(dest):
         raise UsageError(f"{dest}: --to vllm writes a local folder (vLLM's ECExampleConnector reads one); "
