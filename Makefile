@@ -11,7 +11,7 @@ VENV_LOWEST ?= .venv-lowest
 LOWEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py tests/test_vision.py
 
-.PHONY: venv install wheel-check test test-lowest bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
+.PHONY: venv install wheel-check test test-lowest test-torchvision test-vllm bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
 
 # a venv with torch: kept where one is installed, else CUDA's where a GPU answers, else the CPU wheel
 venv:
@@ -54,6 +54,23 @@ test-lowest:
 	$(VENV_LOWEST)/bin/python -m pip install -q "transformers==$(LOWEST)"
 	$(VENV_LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(PARITY)
 
+# --resize torchvision against transformers' torchvision processors, in a venv of its own: PyPI's
+# torchvision does not load beside the CPU torch of $(VENV), so this one takes a torch and a
+# torchvision that load together (a CUDA build, several GB; `pip install torch==2.9.1
+# torchvision==0.24.1` is a CPU build on aarch64). Run from the checkout, not an installed copy.
+VENV_TV ?= .venv-torchvision
+TORCH_TV ?= torch==2.14.1 torchvision==0.29.1
+test-torchvision:
+	test -x $(VENV_TV)/bin/python || $(PYTHON) -m venv $(VENV_TV)
+	$(VENV_TV)/bin/python -m pip install -q $(TORCH_TV)
+	$(VENV_TV)/bin/python -m pip install -q . pytest
+	PYTHONPATH=$(CURDIR) $(VENV_TV)/bin/python -m pytest -q -p no:cacheprovider tests/test_torchvision_pixels.py
+
+# vLLM's CPU build serving from gemma4enc's tokens: its venv in ~/.cache/gemma4enc-vllm (minutes, 3.5 GB
+# the first time), then generation from the tokens against generation from pixels (docs/serving.md)
+test-vllm:
+	PYTHON=$(PY) scripts/vllm_check.sh
+
 bench:
 	$(PY) -m gemma4enc bench --device cpu --layers 2 --items 12 --workload photos --workload video --workload mixed --json bench-out/bench.json
 
@@ -81,7 +98,7 @@ demo:
 	$(PY) -m gemma4enc demo ./demo
 
 clean:
-	rm -rf $(VENV) $(VENV_LOWEST) $(VENV_WHEEL) .wheel-run .wheel-src dist demo bench-out *.egg-info
+	rm -rf $(VENV) $(VENV_LOWEST) $(VENV_WHEEL) $(VENV_TV) .wheel-run .wheel-src dist demo bench-out *.egg-info
 
 bench-video:
 	$(PY) benchmarks/video_decode.py

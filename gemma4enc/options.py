@@ -29,6 +29,8 @@ VIDEO_BACKENDS = ("auto", "decord", "pyav")
 BATCHING = ("auto", "serial", "bucket", "pack")
 ENGINES = ("local", "ray")
 STORES = ("tokens", "pooled")
+# --resize: fast and exact are Pillow's bicubic (Gemma4ImageProcessorPil), torchvision is torch's (the default processors)
+RESIZES = ("fast", "exact", "torchvision")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 # decimal like a disk's label (K, KB = 10³), binary with an i (KiB = 2¹⁰)
 SIZE_UNITS = {
@@ -124,7 +126,8 @@ class Options:
     video_tokens: int = fingerprint(default=70)
     # fast: images decoded at the smallest JPEG scale / box-shrink that holds the target, and
     # 1080p+ video frames box-reduced by a whole factor, then the processor's bicubic (≥ 45 dB PSNR
-    # of exact, same patch grid) | exact (Gemma4ImageProcessorPil's pixels)
+    # of exact, same patch grid) | exact (Gemma4ImageProcessorPil's pixels) | torchvision (the
+    # pixels of Gemma4ImageProcessor and Gemma4VideoProcessor, transformers' default and vLLM's)
     resize: str = fingerprint(default="fast")
     # which frames of a video
     sampling: Sampling = fingerprint(default_factory=Sampling)
@@ -179,7 +182,7 @@ class Options:
         _one_of("--out-dtype", self.out_dtype, tuple(OUT_DTYPES))
         _one_of("--video-backend", self.video_backend, VIDEO_BACKENDS)
         _one_of("--batching", self.batching, BATCHING)
-        _one_of("--resize", self.resize, ("fast", "exact"))
+        _one_of("--resize", self.resize, RESIZES)
         if not (isinstance(self.seek, str) and self.seek.startswith("nearest")):
             _one_of("--seek", self.seek, ("exact", "keyframe", "nearest", "nearest:SECONDS"))
         seek_bound(self.seek)  # nearest[:SECONDS]: SECONDS > 0

@@ -6,7 +6,6 @@ model embeds every text token; the multimodal placeholders are Gemma 4's own str
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 import numpy as np
@@ -14,41 +13,13 @@ import torch
 from transformers.video_processing_utils import VideoProcessorMixin
 
 from gemma4enc.dev import demo
-
-SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]
-MM = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
-      "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
-VIDEO = "<|video|>"
-
-
-def vocab() -> dict[str, int]:
-    words = SPECIAL + list(MM.values()) + [VIDEO] + list(string.printable[:95]) + ["\n"]  # "\n" last: ids unchanged
-    return {w: i for i, w in enumerate(words)}
-
-
-# Gemma 4's turn format (`<|turn>role\n…<turn|>\n`, the assistant is `model`), each image / video
-# part as the placeholder its processor expands; plain characters here, where Gemma's are tokens
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}"
-    "<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] | trim }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] == 'text' %}{{ p['text'] | trim }}{% elif p['type'] == 'image' %}\n\n<|image|>\n\n"
-    "{% elif p['type'] == 'video' %}\n\n<|video|>\n\n{% endif %}{% endfor %}{% endif %}<turn|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+from gemma4enc.dev import chat
+from gemma4enc.dev.chat import CHAT_TEMPLATE, MM, SPECIAL, VIDEO, vocab  # noqa: F401
 
 
 def tokenizer():
-    """Characters, Gemma's specials and placeholders, a Gemma-4-like chat template; a <bos>
-    before every text, as Gemma's."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    v = vocab()
-    tk = Tokenizer(models.WordLevel(v, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
-    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", v["<bos>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                                   unk_token="<unk>", extra_special_tokens=MM, chat_template=CHAT_TEMPLATE)
+    """dev/chat.py's, split as these tests were written for (a run of newlines is one <unk>)."""
+    return chat.tokenizer(newlines=False)
 
 
 def config(kind: str):

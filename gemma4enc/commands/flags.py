@@ -28,7 +28,8 @@ Frames = Annotated[int, Opt("--frames", help="Frames sampled uniformly per video
 Fps = Annotated[Optional[float], Opt("--fps", help="Sample this many frames per second instead.")]
 MaxFrames = Annotated[int, Opt("--max-frames", help="Cap on frames per video with --fps.")]
 Resize = Annotated[
-    str, Opt("--resize", help="fast (≥ 45 dB of exact, same grid) or exact (the processor's).")
+    str, Opt("--resize", help="fast (≥ 45 dB of exact, same grid), exact (the PIL processor's) or "
+    "torchvision (the default processors', vLLM's).")
 ]
 Backend = Annotated[
     str, Opt("--video-backend", help="auto (PyAV, decord where it cannot), decord or pyav.")

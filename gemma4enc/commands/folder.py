@@ -137,13 +137,18 @@ def export(
         str,
         typer.Option(
             "--to",
-            help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB) or webdataset (tar shards of KEY.npy + KEY.json).",
+            help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB), webdataset (tar shards of KEY.npy + KEY.json) or vllm (KEY/encoder_cache.safetensors + index.jsonl: vLLM's encoder cache).",
         ),
     ] = "clip",
     dtype: Annotated[
-        str,
-        typer.Option("--dtype", help="float16 or float32 (bfloat16 tokens widen to float32 exactly)."),
-    ] = "float16",
+        Optional[str],
+        typer.Option(
+            "--dtype",
+            help="float16 or float32 (bfloat16 tokens widen to float32 exactly); --to vllm: the engine's "
+            "dtype, float32, bfloat16 or float16. Default: float16, float32 for vllm.",
+            show_default=False,
+        ),
+    ] = None,
     per_frame: Annotated[
         bool,
         typer.Option(
@@ -185,6 +190,19 @@ def export(
     """Export the latest ok row of every file to another tool's format, streamed shard by shard."""
     from ..media.remote import is_url
     from ..output.export import export_to
+
+    if to == "vllm":  # read by byte range, a URL OUT included: no local mirror of it
+        from ..serving.export import export_vllm
+
+        report = export_vllm(str(out), dest, dtype or "float32", overwrite)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            unkeyed = f"; {report['unkeyed']} without a content hash left out (encode --hash)" if report[
+                "unkeyed"] else ""
+            typer.echo(f"{report['dir']}: {report['rows']:,} files, vllm, {report['dtype']}{unkeyed}")
+        return
+    dtype = dtype or "float16"
 
     dest = dest if is_url(dest) else Path(dest)  # a URL: made here, then uploaded
     with local_out(out, need=True) as folder:

@@ -126,6 +126,48 @@ def build(
     return model
 
 
+def servable_config(vision_tokens: int = 280, **config_kw):
+    """tiny_config with its token ids inside vocab(), untied embeddings (a tied random model repeats
+    its last token), a text head_dim of 32 (the smallest vLLM's CPU attention takes) and the
+    vision_config.default_output_length real Gemma 4 configs carry (vLLM reads it; transformers'
+    config class does not define it, so it is set here by hand)."""
+    from .chat import MM, VIDEO, vocab
+
+    v = vocab()
+    cfg = tiny_config(**config_kw)
+    text = cfg.text_config
+    text.vocab_size = text.vocab_size_per_layer_input = 128
+    text.head_dim = 32
+    text.pad_token_id, text.eos_token_id, text.bos_token_id = v["<pad>"], v["<eos>"], v["<bos>"]
+    cfg.tie_word_embeddings = text.tie_word_embeddings = False
+    cfg.image_token_id, cfg.video_token_id = v[MM["image_token"]], v[VIDEO]
+    cfg.boi_token_id, cfg.eoi_token_id = v[MM["boi_token"]], v[MM["eoi_token"]]
+    cfg.audio_token_id, cfg.boa_token_id = v[MM["audio_token"]], v[MM["boa_token"]]
+    cfg.eoa_token_id = v[MM["eoa_token"]]
+    cfg.vision_config.default_output_length = vision_tokens
+    return cfg
+
+
+def build_servable(folder: Path, seed: int = 0, shard_size: str | None = None, **config_kw) -> Path:
+    """Save a random full Gemma 4 that generates, with its tokenizer, chat template and processor
+    config, to `folder`; return the folder."""
+    import json
+
+    from transformers import Gemma4ForConditionalGeneration
+
+    from .chat import processor_config, tokenizer, vocab
+
+    folder = Path(folder)
+    torch.manual_seed(seed)
+    model = Gemma4ForConditionalGeneration(servable_config(**config_kw)).eval()
+    randomize_(model, seed)
+    model.generation_config.pad_token_id = vocab()["<pad>"]
+    model.save_pretrained(folder, **({"max_shard_size": shard_size} if shard_size else {}))
+    tokenizer().save_pretrained(folder)
+    (folder / "processor_config.json").write_text(json.dumps(processor_config(), indent=2) + "\n")
+    return folder
+
+
 # ---- media that carries its own truth -----------------------------------------------------
 
 BITS = 10  # frame index bits drawn in each frame
@@ -226,11 +268,13 @@ def write_images(folder: Path) -> list[Path]:
 
 
 def make_demo(folder: Path) -> tuple[Path, Path]:
-    """A tiny random checkpoint and a folder of generated images and videos."""
+    """A tiny random checkpoint that generates (a tokenizer with a chat template, a processor
+    config: one to fine-tune and to serve offline: build_servable) and a folder of generated images
+    and videos."""
     folder = Path(folder)
     ckpt, media = folder / "tiny-gemma4", folder / "media"
-    if not (ckpt / "config.json").exists():
-        build(ckpt, seed=0, shard_size="300KB")
+    if not (ckpt / "tokenizer.json").exists():  # a checkpoint from before it had one is made anew
+        build_servable(ckpt, seed=0, shard_size="300KB")
     write_images(media / "photos")
     (media / "clips").mkdir(parents=True, exist_ok=True)
     write_video(media / "clips" / "h264.mp4", frames=48)

@@ -1,4 +1,5 @@
-"""Images and frames → Gemma 4 patches, exactly as `Gemma4ImageProcessorPil` makes them.
+"""Images and frames → Gemma 4 patches, exactly as `Gemma4ImageProcessorPil` makes them, or
+(--resize torchvision) as the torchvision-backend processors do.
 
 We keep pixels as uint8 (4× smaller than the processor's float32 on the way to the device)
 and no padding rows; the tower scales them to [0, 1] with the processor's own rounding.
@@ -17,11 +18,18 @@ from ..options import SOFT_TOKEN_BUDGETS
 PATCH = 16  # pixels per patch side
 POOL = 3  # k: k×k patches pool into one soft token
 
+# How a processor turns a uint8 pixel into float32 (the tower's table for it, model/tower.py):
+# x / 255 correctly rounded: the PIL processor (float64 then rounded) and the torchvision video
+# processor (fused rescale and normalize: a float32 division); x · float32(1/255): the
+# torchvision image processor (`image * rescale_factor`), 1 ulp off on 126 of the 256 values.
+DIVIDE, MULTIPLY = 0, 1
+
 
 @dataclass(frozen=True)
 class Patches:
     pixels: np.ndarray  # (n, 16*16*3) uint8: channels-last inside a patch, patches row-major
     positions: np.ndarray  # (n, 2) int64: (x, y) = (column, row) of each patch
+    unit: int = DIVIDE  # how the processor scales the pixels to [0, 1]: DIVIDE or MULTIPLY
 
     @property
     def n(self) -> int:
@@ -72,8 +80,16 @@ class Fitted:
     width: int
 
 
-def patchify(image: Image.Image | np.ndarray | Fitted, max_soft_tokens: int) -> Patches:
-    """Resize (bicubic, up or down, as the processor does) and cut into 16×16 patches."""
+def patchify(
+    image: Image.Image | np.ndarray | Fitted, max_soft_tokens: int, resize: str = "pil", unit: int = DIVIDE
+) -> Patches:
+    """Resize (bicubic, up or down, as the processor does) and cut into 16×16 patches.
+
+    resize: "pil" (Pillow's bicubic, Gemma4ImageProcessorPil's) or "torchvision" (torch's
+    antialiased bicubic on uint8, the torchvision-backend processors'); unit: see DIVIDE.
+    """
+    if resize == "torchvision":
+        return _patchify_torch(image, max_soft_tokens, unit)
     if isinstance(image, np.ndarray):
         image = Image.fromarray(image)  # (H, W, 3) uint8 frames from the video decoders
     size = (image.height, image.width)
@@ -84,10 +100,28 @@ def patchify(image: Image.Image | np.ndarray | Fitted, max_soft_tokens: int) -> 
     h, w = target_size(*size, max_soft_tokens)
     if (h, w) != (image.height, image.width):
         image = image.resize((w, h), resample=Image.Resampling.BICUBIC)
-    array = np.asarray(image, dtype=np.uint8)  # (h, w, 3)
+    return _cut(np.asarray(image, dtype=np.uint8), unit)
+
+
+def _patchify_torch(image: Image.Image | np.ndarray, max_soft_tokens: int, unit: int) -> Patches:
+    from .torchresize import resize
+
+    if isinstance(image, Fitted):
+        raise ValueError("--resize torchvision resizes the full-size image: it takes no pre-fitted one")
+    if isinstance(image, Image.Image):
+        if image.mode != "RGB":
+            raise ValueError(f"patchify needs an RGB image, got mode {image.mode}")
+        image = np.asarray(image, dtype=np.uint8)
+    h, w = target_size(image.shape[0], image.shape[1], max_soft_tokens)
+    return _cut(resize(image, h, w), unit)
+
+
+def _cut(array: np.ndarray, unit: int) -> Patches:
+    """(h, w, 3) uint8 at the target size → patches, row-major, channels-last inside each."""
+    h, w = array.shape[:2]
     ph, pw = h // PATCH, w // PATCH
     pixels = array.reshape(ph, PATCH, pw, PATCH, 3).transpose(0, 2, 1, 3, 4)  # (ph, pw, 16, 16, 3)
     pixels = np.ascontiguousarray(pixels.reshape(ph * pw, PATCH * PATCH * 3))  # (n, 768)
     xs, ys = np.meshgrid(np.arange(pw), np.arange(ph), indexing="xy")
     positions = np.stack([xs, ys], axis=-1).reshape(ph * pw, 2).astype(np.int64)  # (n, 2)
-    return Patches(pixels=pixels, positions=positions)
+    return Patches(pixels=pixels, positions=positions, unit=unit)

@@ -25,7 +25,7 @@ from . import video as decoding
 from . import webdataset
 from .decode import DecodeError, decode, prefit
 from .kinds import Item
-from .patches import Patches, patchify
+from .patches import DIVIDE, MULTIPLY, Patches, patchify
 
 
 @dataclass
@@ -67,13 +67,16 @@ def prepare(item: Item, options: Options, rereads: int = REREADS) -> Decoded:
         digest = sha256(item.path, item.root, item.rel) if options.hash else None
         budget = options.image_tokens if item.kind == "image" else options.video_tokens
         shrink = prefit if item.kind == "video" and options.resize == "fast" else lambda image, _: image
+        # --resize torchvision: torch's resize, and the image processor's own rescale for images
+        resize = "torchvision" if options.resize == "torchvision" else "pil"
+        unit = MULTIPLY if resize == "torchvision" and item.kind == "image" else DIVIDE
         frames = decode(
             source,
             item.kind,
             options.sampling,
             options.video_backend,
             options.max_image_pixels,
-            transform=lambda image: patchify(shrink(image, budget), budget),
+            transform=lambda image: patchify(shrink(image, budget), budget, resize, unit),
             fit=budget if options.resize == "fast" else None,
             seek=options.seek,
         )

@@ -16,10 +16,18 @@ import numpy as np
 import torch
 
 from ..errors import one_line
-from ..media.patches import POOL, Patches
+from ..media.patches import DIVIDE, POOL, Patches
 
-# the processor computes float64(u8) * (1/255) then rounds to float32: a table keeps that exact
-_UNIT = (torch.arange(256, dtype=torch.float64) * (1 / 255)).to(torch.float32)
+# uint8 → float32 as the processors compute it, a table keeps it exact: rows 0-255 for DIVIDE
+# (x / 255 correctly rounded: the PIL processor's float64 product rounded, the torchvision video
+# processor's float32 division), rows 256-511 for MULTIPLY (the torchvision image processor's
+# x · float32(1/255)); media/patches.py says which processor is which
+_UNIT = torch.cat(
+    [
+        (torch.arange(256, dtype=torch.float64) * (1 / 255)).to(torch.float32),
+        torch.arange(256, dtype=torch.uint8) * (1 / 255),  # uint8 · Python float: float32 arithmetic
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,8 @@ class Tower:
     # ---- the five stages -------------------------------------------------------------------
 
     def embed_patches(self, pixels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(..., n, 768) uint8 + (..., n, 2) → (..., n, D): scaled on the device, no padding rows."""
+        """(..., n, 768) uint8 (int16 with MULTIPLY rows) + (..., n, 2) → (..., n, D): scaled on the
+        device, no padding rows."""
         values = self._unit[pixels.long()]  # (..., n, 768) float32 in [0, 1]
         return self.vision.patch_embedder(values, positions)
 
@@ -125,6 +134,9 @@ class Tower:
 
     def _to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         pixels = torch.from_numpy(np.concatenate([p.pixels for p in batch.items]))  # (N, 768) uint8
+        if any(p.unit != DIVIDE for p in batch.items):  # index the table's MULTIPLY rows for those items
+            units = np.repeat([256 * p.unit for p in batch.items], batch.lengths).astype(np.int16)
+            pixels = pixels.to(torch.int16) + torch.from_numpy(units)[:, None]
         positions = torch.from_numpy(np.concatenate([p.positions for p in batch.items]))  # (N, 2)
         if self.device.type == "cuda":
             pixels, positions = pixels.pin_memory(), positions.pin_memory()

@@ -1,0 +1,97 @@
+"""vLLM prompt dicts for files an OUT holds: the keys as `multi_modal_uuids`, and stand-in media
+only big enough to size the placeholders.
+
+vLLM's Gemma 4 takes no embeddings in a request (it rejects `image_embeds`), so a request still
+carries an image or a video, but vLLM reads from it only what sizes the prompt: an image's width
+and height, a video's frame count, frame size and timestamps (frame index / fps). A black image of
+the file's decoded size, and black frames with the row's frame indices and rate, give the same
+prompt as the file's own pixels, and the connector (or an export read by vLLM's ECExampleConnector)
+supplies the tokens. `{"image": None}` must never stand in: vLLM then drops the image silently.
+
+Runs in vLLM's environment: numpy, Pillow and cache.py only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .cache import OutCache
+
+IMAGE, VIDEO = "<|image|>", "<|video|>"  # Gemma 4's placeholders, one per item, in the prompt's order
+
+
+def stand_in(row: dict):
+    """The cheapest media vLLM sizes the same placeholders from as the file's own pixels."""
+    from PIL import Image
+
+    width, height = int(row["width"]), int(row["height"])
+    if row["kind"] == "image":
+        return Image.new("RGB", (width, height))
+    frames = np.zeros((len(row["frame_indices"]), height, width, 3), np.uint8)
+    return frames, video_metadata(row)
+
+
+def video_metadata(row: dict) -> dict:
+    """What vLLM's Gemma 4 processor takes with a video's frames: their indices and the rate that
+    turns them into the prompt's mm:ss timestamps; the frames are the ones gemma4enc sampled."""
+    return {
+        "fps": float(row.get("fps") or 24.0),
+        "frames_indices": list(row["frame_indices"]),
+        "total_num_frames": int(row.get("total_frames") or len(row["frame_indices"])),
+        "duration": float(row.get("duration") or 0.0),
+        "video_backend": "gemma4enc",
+        "do_sample_frames": False,
+    }
+
+
+def request(index: OutCache | dict, paths: list[str], prompt: str) -> dict:
+    """One vLLM prompt dict for `prompt` (with one <|image|> or <|video|> per path, in order).
+
+    index: an OutCache, or the rows of an export's index.jsonl by path (`export_index(DIR)`).
+    """
+    rows = []
+    for path in paths:
+        if isinstance(index, OutCache):
+            entry = index.by_path.get(path) or index.by_path.get(os.path.abspath(path))
+            row = dict(entry.row, key=entry.key) if entry else None
+        else:
+            row = index.get(path) or index.get(os.path.abspath(path))
+        if row is None:
+            raise KeyError(f"{path}: no key for it in the OUT (not encoded, failed, or without a content hash)")
+        rows.append(row)
+    wanted = [IMAGE if r["kind"] == "image" else VIDEO for r in rows]
+    found = [p for p in _placeholders(prompt)]
+    if found != wanted:
+        raise ValueError(f"the prompt's placeholders {found} do not match the files' kinds {wanted}")
+    data: dict[str, list] = {}
+    uuids: dict[str, list] = {}
+    for r in rows:
+        data.setdefault(r["kind"], []).append(stand_in(r))
+        uuids.setdefault(r["kind"], []).append(r["key"])
+    return {"prompt": prompt, "multi_modal_data": data, "multi_modal_uuids": uuids}
+
+
+def _placeholders(prompt: str) -> list[str]:
+    out, i = [], 0
+    while True:
+        hits = [(prompt.find(p, i), p) for p in (IMAGE, VIDEO)]
+        hits = [h for h in hits if h[0] >= 0]
+        if not hits:
+            return out
+        at, p = min(hits)
+        out.append(p)
+        i = at + len(p)
+
+
+def export_index(folder: str) -> dict:
+    """An export's index.jsonl (`gemma4enc export OUT DIR --to vllm`) as {path: row with its key}."""
+    rows = {}
+    with open(os.path.join(folder, "index.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                rows[row["path"]] = row
+    return rows

@@ -1,0 +1,152 @@
+"""Serving from an OUT (gemma4enc.serving): `export --to vllm` in vLLM's encoder-cache layout, the key
+scheme (content hash + shape settings) stable across re-runs, paths and stores, the cache that the
+connector serves from (local and s3:// by byte range, read-only), and the request dicts. vLLM itself
+runs in scripts/vllm_check.sh (its own venv); here nothing of vLLM is needed or imported."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import gemma4enc
+from gemma4enc.serving.cache import KEY_RE, OutCache, key_of
+from gemma4enc.serving.requests import export_index, request
+
+from .helpers import RUN, app, encode, flags, loopback_s3
+
+
+@pytest.fixture(scope="module")
+def served(good, ckpt, tmp_path_factory):
+    """good's media encoded with --hash (float32, --resize torchvision) and without it (bfloat16)."""
+    root = tmp_path_factory.mktemp("served")
+    hashed, plain = root / "hashed", root / "plain"
+    assert encode([good, "-o", hashed, "--model", ckpt, *flags(resize="torchvision"), "--hash",
+                   "--workers", "0"]).exit_code == 0
+    assert encode([good, "-o", plain, "--model", ckpt, *flags(resize="torchvision", out_dtype="bfloat16"),
+                   "--workers", "0"]).exit_code == 0
+    return good, hashed, plain
+
+
+def export(out, dest, *more):
+    result = RUN.invoke(app, ["export", str(out), str(dest), "--to", "vllm", "--json", *more])
+    return result, (json.loads(result.stdout) if result.exit_code == 0 else None)
+
+
+def test_export_is_vllms_layout_with_the_tokens_and_a_documented_key(served, tmp_path):
+    media, hashed, _ = served
+    result, report = export(hashed, tmp_path / "ec")
+    assert result.exit_code == 0, result.output
+    emb = gemma4enc.open(hashed)
+    index = export_index(tmp_path / "ec")
+    ok = [json.loads(line) for line in (hashed / "manifest.jsonl").read_text().splitlines()]
+    ok = [r for r in ok if r["status"] == "ok"]
+    assert report["rows"] == len(index) == len(ok) > 0 and report["unkeyed"] == 0
+    settings = json.loads((hashed / "settings.json").read_text())
+    for row in ok:
+        entry = index[row["path"]]
+        content = hashlib.sha256(open(row["path"], "rb").read()).hexdigest()
+        assert entry["key"] == key_of(row["kind"], content, settings) and KEY_RE.match(entry["key"])
+        files = load_file(tmp_path / "ec" / entry["key"] / "encoder_cache.safetensors")
+        assert list(files) == ["ec_cache"] and files["ec_cache"].dtype == torch.float32
+        assert torch.equal(files["ec_cache"], emb[row["path"]].float())  # a video: its frames in order
+        assert files["ec_cache"].shape[0] == row["tokens"]
+    # the dtype asked, and the same keys again
+    result, _ = export(hashed, tmp_path / "ec16", "--dtype", "bfloat16")
+    assert result.exit_code == 0
+    again = export_index(tmp_path / "ec16")
+    assert {p: r["key"] for p, r in again.items()} == {p: r["key"] for p, r in index.items()}
+    some = next(iter(again.values()))["key"]
+    assert load_file(tmp_path / "ec16" / some / "encoder_cache.safetensors")["ec_cache"].dtype == torch.bfloat16
+    # a folder with other files is refused; --overwrite removes only what an export wrote
+    (tmp_path / "ec" / "mine.txt").write_text("keep")
+    assert export(hashed, tmp_path / "ec")[0].exit_code == 2
+    assert export(hashed, tmp_path / "ec", "--overwrite")[0].exit_code == 0
+    assert (tmp_path / "ec" / "mine.txt").read_text() == "keep"
+
+
+def test_export_of_what_is_not_an_out_is_refused_in_one_line(tmp_path):
+    result, _ = export(tmp_path / "nothing", tmp_path / "ec")
+    assert result.exit_code == 2 and "not a gemma4enc output folder" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "ec").exists()
+
+
+def test_keys_survive_a_moved_folder_and_a_rerun_and_hash_files_without_hash(served, tmp_path, ckpt):
+    media, hashed, plain = served
+    keys = {os.path.basename(p): e.key for p, e in OutCache(str(hashed)).by_path.items()}
+    # without --hash: each file hashed here, its size and mtime still the row's: the same keys
+    cache = OutCache(str(plain))
+    assert cache.hashed == len(keys) and not cache.unkeyed
+    assert {os.path.basename(p): e.key for p, e in cache.by_path.items()} == keys
+    # the media moved, encoded again into a new OUT: the same keys under other paths
+    moved = tmp_path / "moved"
+    shutil.copytree(media, moved)
+    out2 = tmp_path / "out2"
+    assert encode([moved, "-o", out2, "--model", ckpt, *flags(resize="torchvision"), "--hash",
+                   "--workers", "0"]).exit_code == 0
+    assert {os.path.basename(p): e.key for p, e in OutCache(str(out2)).by_path.items()} == keys
+    # a file changed after its encode (new mtime): left out, not served stale tokens
+    victim = next(p for p in cache.by_path if p.endswith(".jpg"))
+    st = os.stat(victim)
+    os.utime(victim, ns=(0, 0))
+    try:
+        assert victim in OutCache(str(plain)).unkeyed
+    finally:
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    # other settings, other keys
+    other = tmp_path / "other"
+    assert encode([media, "-o", other, "--model", ckpt, *flags(resize="exact"), "--hash",
+                   "--workers", "0"]).exit_code == 0
+    assert not set(keys.values()) & {e.key for e in OutCache(str(other)).by_path.values()}
+
+
+def test_the_cache_reads_an_s3_out_by_range_and_writes_nothing(served, tmp_path, ckpt):
+    media, hashed, _ = served
+    local = OutCache(str(hashed))
+    with loopback_s3("serve") as (fs, _):
+        assert encode([media, "-o", "s3://serve/emb", "--model", ckpt, *flags(resize="torchvision"), "--hash",
+                       "--workers", "0"]).exit_code == 0
+        before = {p: fs.info(p)["ETag"] for p in fs.find("serve")}
+        remote = OutCache("s3://serve/emb")
+        assert set(remote.by_key) == set(local.by_key)
+        for key in local.by_key:
+            assert torch.equal(remote.tokens(key), local.tokens(key))
+        result, report = export("s3://serve/emb", tmp_path / "from-s3")
+        assert result.exit_code == 0 and report["rows"] == len(local.by_key)
+        assert {p: fs.info(p)["ETag"] for p in fs.find("serve")} == before  # read-only
+
+
+def test_requests_carry_the_keys_and_stand_ins_of_the_files_size(served):
+    _, hashed, _ = served
+    cache = OutCache(str(hashed))
+    image = next(p for p, e in cache.by_path.items() if e.row["kind"] == "image")
+    video = next(p for p, e in cache.by_path.items() if e.row["kind"] == "video")
+    req = request(cache, [image, video], "Compare <|image|> with <|video|>.")
+    assert req["multi_modal_uuids"] == {"image": [cache.key(image)], "video": [cache.key(video)]}
+    stand = req["multi_modal_data"]["image"][0]
+    row = cache.by_path[image].row
+    assert stand.size == (row["width"], row["height"]) and not stand.getbbox()  # black, the file's size
+    frames, meta = req["multi_modal_data"]["video"][0]
+    vrow = cache.by_path[video].row
+    assert frames.shape == (len(vrow["frame_indices"]), vrow["height"], vrow["width"], 3)
+    assert meta["frames_indices"] == vrow["frame_indices"] and meta["do_sample_frames"] is False
+    with pytest.raises(ValueError):
+        request(cache, [image], "no placeholder here")
+    with pytest.raises(KeyError):
+        request(cache, ["/nowhere.jpg"], "<|image|>")
+
+
+def test_the_serving_modules_import_nothing_of_vllm_or_the_cli():
+    code = ("import sys, gemma4enc, gemma4enc.serving, gemma4enc.serving.cache, gemma4enc.serving.requests;"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'transformers', 'typer', 'rich', 'av')"
+            " or m.startswith('gemma4enc.') and not m.startswith(('gemma4enc.serving', 'gemma4enc._version'))];"
+            "print(bad)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
