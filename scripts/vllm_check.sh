@@ -8,7 +8,9 @@
 # PYTHON: gemma4enc's python (default .venv/bin/python); GEMMA4ENC_VLLM_VENV: where vLLM's venv is
 # built or reused (default ~/.cache/gemma4enc-vllm; scripts/vllm_venv.sh). STEP_TIMEOUT: seconds one
 # vLLM engine run may take (default 900). Exit 0: passed, or skipped with one line where vLLM's CPU
-# build cannot be installed here; 1: a check failed (its JSON line says which); other: a step broke.
+# build cannot be installed here; 1: a check ran and failed (its JSON line says which); 5: the engine
+# broke or ran out of time before it could compare (a machine vLLM's CPU build does not run on);
+# other: a step of ours broke.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -37,6 +39,7 @@ fi
 PYTHONPATH=$REPO timeout "$STEP_TIMEOUT" "$PY" scripts/vllm_prepare.py "$W" || { echo "vllm check: preparing failed"; exit 2; }
 
 failed=0
+broke=0
 for run in "connector float32" "export float32" "connector bfloat16"; do
     set -- $run
     log="$W/vllm-$1-$2.log"
@@ -49,12 +52,18 @@ for run in "connector float32" "export float32" "connector bfloat16"; do
     if [ $rc -eq 0 ]; then
         echo "vllm check: $1 $2: passed: $line"
     elif [ $rc -eq 124 ]; then
-        echo "vllm check: $1 $2: did not finish in ${STEP_TIMEOUT} s; log: $log"; failed=1
+        echo "vllm check: $1 $2: did not finish in ${STEP_TIMEOUT} s; log: $log"; broke=1
+    elif [ -z "$line" ]; then  # no comparison was made: the engine itself did not run here
+        echo "vllm check: $1 $2: the engine broke before comparing (exit $rc): $(grep -E 'Error' "$log" | tail -1 | cut -c1-300); log: $log"
+        broke=1
     else
         echo "vllm check: $1 $2: FAILED (exit $rc): ${line:-$(grep -E 'Error' "$log" | tail -1 | cut -c1-300)}; log: $log"
         failed=1
     fi
 done
-echo "vllm check: $([ $failed -eq 0 ] && echo passed || echo failed) in $(( $(date +%s) - start )) s"
-if [ $failed -eq 0 ] && [ $KEEP -eq 0 ]; then rm -rf "$W"; fi
-exit $failed
+verdict=passed; [ $broke -eq 1 ] && verdict="not run to the end"; [ $failed -eq 1 ] && verdict=failed
+echo "vllm check: $verdict in $(( $(date +%s) - start )) s"
+if [ $failed -eq 0 ] && [ $broke -eq 0 ] && [ $KEEP -eq 0 ]; then rm -rf "$W"; fi
+[ $failed -eq 1 ] && exit 1
+[ $broke -eq 1 ] && exit 5
+exit 0
