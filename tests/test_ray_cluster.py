@@ -213,15 +213,16 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(
     if lost == "while_starting":
         request.getfixturevalue("busy_cores")
     files = sorted(media.iterdir())
-    s3.put([str(p) for p in files[:6]], "cluster/media/")  # six as a folder, four as a WebDataset tar
+    base = f"cluster/{lost}"  # the bucket is the module's: each case its own prefix
+    s3.put([str(p) for p in files[:6]], f"{base}/media/")  # six as a folder, four as a WebDataset tar
     with tarfile.open(tmp_path / "rest.tar", "w") as tar:
         for i, p in enumerate(files[6:]):
             tar.add(p, arcname=f"{i:06d}{p.suffix}")
-    s3.put(str(tmp_path / "rest.tar"), "cluster/tars/rest.tar")
+    s3.put(str(tmp_path / "rest.tar"), f"{base}/tars/rest.tar")
     named = {f"{i:06d}{p.suffix}": p.name for i, p in enumerate(files[6:])} | {p.name: p.name for p in files[:6]}
     c, doomed, marks = two_nodes(1, HANG if lost == "mid_task" else HANG_AT_START)
-    out, err = "s3://cluster/out", tmp_path / "driver.err"
-    roots = ["s3://cluster/media", "s3://cluster/tars/rest.tar"]
+    out, err = f"s3://{base}/out", tmp_path / "driver.err"
+    roots = [f"s3://{base}/media", f"s3://{base}/tars/rest.tar"]
     ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "0"]
     args = encode_argv(*roots, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
     env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S))
@@ -235,7 +236,7 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(
     else:
         assert in_flight == []  # the actor never held a task
     s3.invalidate_cache()
-    parts = sorted(s3.find("cluster/out/manifest.parts"))
+    parts = sorted(s3.find(f"{base}/out/manifest.parts"))
     rows = [json.loads(line) for p in parts for line in s3.cat_file(p).decode().splitlines()]
     assert sorted(named[Path(r["path"]).name] for r in rows) == sorted(p.name for p in files)  # once each
     assert all(r["status"] == "ok" for r in rows), rows

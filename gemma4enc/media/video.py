@@ -320,8 +320,8 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
     if max_pixels and pixels > max_pixels:
         raise DecodeError(
             Status.TOO_LARGE,
-            f"frames of {stream.width}×{stream.height} exceed {max_pixels} pixels "
-            "(raise --max-image-pixels to allow them)",
+            f"frames of {stream.width}×{stream.height} = {pixels:,} pixels, more than "
+            f"--max-image-pixels {max_pixels:,}; raise --max-image-pixels to allow them",
         )
     return codec
 

@@ -70,6 +70,9 @@ def _encode(roots, out: Path, flags, given, walk: tuple, overwrite: bool, bar, l
     from ..media.discover import discover_chunks
 
     files_from, include, exclude, hidden, null = walk
+    if out.exists() and not out.is_dir():  # /dev/null, a file: not "File exists" from mkdir
+        kind = "a file" if out.is_file() else "not a folder"
+        raise UsageError(f"-o {out}: {kind}; OUT is the folder the shards and manifest go in (new, or one encode made)")
     saved = None if overwrite else read_settings(out)  # a re-run may omit the flags
     shown = f"{mirror.url}/{SETTINGS}" if mirror is not None else str(out / SETTINGS)
     options, notes = Options.resume(saved, flags or {}, given, where=shown)

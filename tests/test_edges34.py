@@ -1,0 +1,115 @@
+"""What a new user ran into (issue 34, items 11 and 12): the line they read must say what is true
+and what to do, in the user's own figures and words."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from gemma4enc.commands.cli import app
+from gemma4enc.media.frames import DecodeError
+from gemma4enc.media.image import decode_image
+
+from .helpers import BASE, RUN, encode
+
+
+def test_the_bomb_limit_is_quoted_as_given(tmp_path):
+    """Pillow's own error quotes twice its limit (its error threshold): the row says the user's."""
+    Image.new("L", (400, 300)).save(tmp_path / "big.png")
+    for limit in (100 * 100, 400 * 300 // 2 - 1):  # past Pillow's error threshold, and between the two
+        with pytest.raises(DecodeError) as e:
+            decode_image(str(tmp_path / "big.png"), limit)
+        assert e.value.status == "too_large"
+        assert str(e.value) == (f"400×300 = 120,000 pixels, more than --max-image-pixels {limit:,} (a "
+                                "decompression bomb?); raise --max-image-pixels to allow it")
+    assert decode_image(str(tmp_path / "big.png"), 400 * 300).info["width"] == 400  # at the limit: fine
+    assert decode_image(str(tmp_path / "big.png"), None).info["width"] == 400  # 0 on the command line
+    assert Image.MAX_IMAGE_PIXELS == 89_478_485  # Pillow's own setting is left as it was
+
+
+def test_a_negative_pixel_limit_says_0_is_allowed(tmp_path):
+    result = encode([tmp_path, "-o", tmp_path / "o", "--max-image-pixels", "-5", *BASE])
+    assert result.exit_code == 2
+    assert "--max-image-pixels -5: must be 0 (no limit) or more" in result.output
+
+
+def test_a_nul_list_without_nul_warns(tmp_path):
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{tmp_path}/a.jpg\n{tmp_path}/b.jpg\n")
+    result = RUN.invoke(app, ["plan", "--files-from", str(listing), "-0", "--json"])
+    assert (f"gemma4enc: warning: --files-from {listing} with -0 holds no NUL byte but several lines: "
+            "read as ONE name; leave out -0 for one path a line") in result.stderr
+    listing.write_bytes(f"{tmp_path}/a.jpg\0{tmp_path}/b.jpg\0".encode())
+    assert "warning" not in RUN.invoke(app, ["plan", "--files-from", str(listing), "-0", "--json"]).stderr
+
+
+def test_encode_dash_hints_at_files_from_stdin(tmp_path, ckpt):
+    result = encode(["-", "-o", tmp_path / "o", "--model", ckpt, *BASE])
+    assert result.exit_code == 2
+    assert "-: no such file or folder (to read the paths from stdin: --files-from -)" in result.output
+
+
+def test_an_out_that_is_no_folder_says_so(tmp_path, ckpt):
+    media = tmp_path / "m"
+    media.mkdir()
+    Image.new("RGB", (32, 32)).save(media / "a.png")
+    file = tmp_path / "file"
+    file.write_text("mine")
+    for out, kind in (("/dev/null", "not a folder"), (str(file), "a file")):
+        result = encode([media, "-o", out, "--model", ckpt, *BASE])
+        assert result.exit_code == 2, result.output
+        assert (f"-o {out}: {kind}; OUT is the folder the shards and manifest go in (new, or one encode "
+                "made)") in result.output
+        assert "File exists" not in result.output
+    assert file.read_text() == "mine"
+
+
+def test_verify_quiet_prints_only_problems(tmp_path, ckpt):
+    media = tmp_path / "m"
+    media.mkdir()
+    Image.new("RGB", (32, 32)).save(media / "a.png")
+    out = tmp_path / "out"
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    quiet = RUN.invoke(app, ["verify", str(out), "-q"])
+    assert quiet.exit_code == 0 and quiet.stdout == ""
+    next(out.glob("*.safetensors")).unlink()
+    quiet = RUN.invoke(app, ["verify", str(out), "--quiet"])
+    assert quiet.exit_code == 1
+    assert quiet.stdout and all(line.startswith("problem: ") for line in quiet.stdout.splitlines())
+
+
+def test_help_names_arguments_as_a_user_types_them_and_lists_every_exit_code():
+    for command, usage in (("verify", "verify [OPTIONS] OUT\n"), ("encode", "encode [OPTIONS] [ROOTS]...\n"),
+                           ("search", "search [OPTIONS] OUT [FILES]...\n"), ("export", "export [OPTIONS] OUT DEST\n")):
+        text = RUN.invoke(app, [command, "--help"]).stdout
+        assert usage in text, text
+        assert "{" not in text.split("\n\n")[0] and "<list[" not in text and "<str>" not in text.split("Options:")[0]
+        assert "70 a bug" in " ".join(text.split()), text
+
+
+def test_worker_advice_leaves_out_files_that_timed_out_or_were_missing():
+    """One 60 s timeout among fast photos made "about 375 workers would feed it"."""
+    from gemma4enc.rows import Status
+    from gemma4enc.run.pipeline import Summary, _timed, where_time_went
+
+    class Late:  # decoded items as the pool yields them: the timed-out one after a long wait
+        def __init__(self, status, wait):
+            self.status, self.wait = status, wait
+
+    import time
+
+    def decoded():
+        for d in (Late(Status.OK, 0.0), Late(Status.TIMEOUT, 0.3), Late(Status.NOT_FOUND, 0.0), Late(Status.OK, 0.0)):
+            time.sleep(d.wait)
+            yield d
+
+    summary = Summary(files=4, by_status={"ok": 2, "timeout": 1, "not_found": 1})
+    assert len(list(_timed(decoded(), summary))) == 4
+    assert summary.stalled_wait >= 0.3 > summary.decode_wait
+    summary.seconds = summary.stalled_wait + 0.2  # the towers' own time
+    facts, advice = where_time_went(summary, workers=2)
+    assert advice is None and facts["tower_waited_share"] < 0.5
+    # the same wait on decoding itself is advice, as before
+    facts, advice = where_time_went(Summary(files=4, seconds=10.0, decode_wait=6.0, by_status={"ok": 4}), 2)
+    assert advice == "decode-bound: the tower waited 60% of the time; about 5 workers would feed it (now 2)"
+
