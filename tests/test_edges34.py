@@ -113,3 +113,43 @@ def test_worker_advice_leaves_out_files_that_timed_out_or_were_missing():
     facts, advice = where_time_went(Summary(files=4, seconds=10.0, decode_wait=6.0, by_status={"ok": 4}), 2)
     assert advice == "decode-bound: the tower waited 60% of the time; about 5 workers would feed it (now 2)"
 
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temp_folders_of_killed_runs_are_swept_and_no_other(tmp_path, monkeypatch, ckpt):
+    """A kill -9 leaves gemma4enc-out-PID-… (a store OUT's mirror), g4e-ray-PID-… (a private Ray)
+    and gemma4enc-task-PID-… (a Ray actor's task); the next run removes those whose process is
+    gone, and nothing else: a live process's, a fresh one, one not ours by name."""
+    import os
+    import tempfile
+    import time
+
+    from gemma4enc.run import tempsweep
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    dead, old = _dead_pid(), time.time() - 600
+    names = {f"gemma4enc-out-{dead}-a1": False, f"g4e-ray-{dead}-b2": False, f"gemma4enc-task-{dead}-c3": False,
+             f"gemma4enc-out-{os.getppid()}-d4": True,  # a live process's
+             f"g4e-ray-{dead}-fresh": True,  # not settled yet
+             f"someone-else-{dead}-e5": True, "gemma4enc-out-x": True}
+    for name in names:
+        (temp / name / "sub").mkdir(parents=True)
+        (temp / name / "sub" / "f").write_text("x")
+        if not name.endswith("fresh"):
+            os.utime(temp / name, (old, old))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    media = tmp_path / "m"
+    media.mkdir()
+    Image.new("RGB", (32, 32)).save(media / "a.png")
+    assert encode([media, "-o", tmp_path / "o", "--model", ckpt, *BASE]).exit_code == 0
+    assert {n: (temp / n).exists() for n in names} == names
+    assert tempsweep.sweep(str(temp)) == []  # nothing left to take

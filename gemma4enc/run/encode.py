@@ -42,8 +42,10 @@ def encode(
     OUT/settings.json is read back (Options.resume), and what it changed is logged. The summary
     --json prints, with `skipped_not_media`."""
     from ..media.remote import is_url
+    from .tempsweep import sweep
 
     log = log or (lambda message: None)
+    sweep()  # the temp folders of runs killed with kill -9
     walk = (files_from, list(include or []), list(exclude or []), hidden, null)
     if not is_url(str(out)):
         return _encode(roots, Path(out), flags, given, walk, overwrite, bar, log)

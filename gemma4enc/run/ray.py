@@ -86,7 +86,9 @@ class TaskEncoder:
         from ..model.batching import budget_patches
         from ..model.load import open_tower
         from ..output.shards import shard_metadata
+        from .tempsweep import sweep
 
+        sweep()  # on this node: the task folders of actors killed mid-task
         device = (
             "cuda" if ray.get_gpu_ids() else "cpu"
         )  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU

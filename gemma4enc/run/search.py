@@ -237,7 +237,7 @@ def encode_files(out: Path, paths: list[str], device: str, bar, log) -> dict:
         )
     options, _ = Options.resume(saved, {"device": device, "workers": 0})  # OUT's own settings, every one
     items, _ = discover(paths)
-    with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"gemma4enc-search-{os.getpid()}-") as tmp:
         run(items, Path(tmp) / "out", options, bar=bar or _NoBar, log=log)
         emb = NumpyEmbeddings(Path(tmp) / "out")
         found = {rec.row["path"]: rec.pooled for rec in records(emb)}
