@@ -153,3 +153,24 @@ def test_temp_folders_of_killed_runs_are_swept_and_no_other(tmp_path, monkeypatc
     assert encode([media, "-o", tmp_path / "o", "--model", ckpt, *BASE]).exit_code == 0
     assert {n: (temp / n).exists() for n in names} == names
     assert tempsweep.sweep(str(temp)) == []  # nothing left to take
+
+
+def test_failures_on_a_store_out_point_to_inspect(tmp_path, ckpt):
+    """A store OUT's manifest is in parts (manifest.parts/…): the line points to `inspect`, which
+    reads them, not to a manifest.jsonl that may be empty."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from .helpers import loopback_s3
+
+    media = tmp_path / "m"
+    media.mkdir()
+    Image.new("RGB", (32, 32)).save(media / "a.png")
+    (media / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 64)
+    with loopback_s3("edges") as (fs, _):
+        result = RUN.invoke(app, ["encode", str(media), "-o", "s3://edges/out", "--model", str(ckpt),
+                                  "--device", "cpu", "--workers", "0"])
+        assert result.exit_code == 1, result.output
+        line = next(x for x in result.stderr.splitlines() if "file(s) failed" in x)
+        assert line.endswith("1 file(s) failed: broken.jpg: decode_error (see gemma4enc inspect s3://edges/out)"), line
+        shown = RUN.invoke(app, ["inspect", "s3://edges/out"])
+        assert "decode_error" in shown.stdout, shown.stdout

@@ -152,6 +152,8 @@ def encode_files(
     out = Path(out)
     log = log or (lambda message: None)
     where = mirror.url if mirror is not None else out  # OUT as the user named it, for messages
+    # where a person reads the rows: a store's manifest is in parts (its manifest.jsonl may be empty)
+    see = f"see {where}/{MANIFEST}" if mirror is None else f"see gemma4enc inspect {where}"
     rerun = not overwrite and (out / SETTINGS).exists()
     # a re-run into a folder a loaded model made checks the model and devices only if there is work
     deferred = rerun and can_wait(options)
@@ -213,7 +215,7 @@ def encode_files(
                 )
             except TooManyFailures as e:
                 raise TooManyFailures(
-                    f"{e}; finished files are saved (see {where}/{MANIFEST})"
+                    f"{e}; finished files are saved ({see})"
                 ) from None
             if stream is not None:  # no list of the files to look them up by: the rows this run appended
                 from .stream import failures_since
@@ -245,7 +247,7 @@ def encode_files(
         if pool is not None:
             pool.close()  # workers no map() took (the run ended before decoding); the engine stops its own
     if failures:
-        log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {where}/{MANIFEST})")
+        log(f"{len(failures)} file(s) failed: {first_lines(failures)} ({see})")
     return {
         "out": str(out),
         "files": found,
