@@ -3,6 +3,8 @@ and what to do, in the user's own figures and words."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from PIL import Image
 
@@ -174,3 +176,33 @@ def test_failures_on_a_store_out_point_to_inspect(tmp_path, ckpt):
         assert line.endswith("1 file(s) failed: broken.jpg: decode_error (see gemma4enc inspect s3://edges/out)"), line
         shown = RUN.invoke(app, ["inspect", "s3://edges/out"])
         assert "decode_error" in shown.stdout, shown.stdout
+
+
+def test_search_a_tar_uses_its_members_rows_and_keeps_encodes_log_to_itself(tmp_path, ckpt):
+    """A tar already in OUT is looked up member by member, not encoded again; a file OUT lacks is
+    encoded with one line said, none of encode's own (model loaded, worker advice, a temp path)."""
+    import tarfile
+
+    media = tmp_path / "m"
+    media.mkdir()
+    for i, size in enumerate([(40, 30), (24, 56)]):
+        Image.new("RGB", size, (40 * i, 90, 200)).save(media / f"p{i}.png")
+    tar = tmp_path / "shard-00000.tar"
+    with tarfile.open(tar, "w") as t:
+        for p in sorted(media.iterdir()):
+            t.add(p, arcname=p.name)
+    out = tmp_path / "out"
+    assert encode([tar, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    found = RUN.invoke(app, ["search", str(out), str(tar), "--json", "-k", "2", "--device", "cpu"])
+    assert found.exit_code == 0, found.output
+    results = json.loads(found.stdout)["results"]
+    assert {r["file"]: r["source"] for r in results} == {f"{tar}/p0.png": "out", f"{tar}/p1.png": "out"}
+    assert all(r["hits"][0]["path"] == r["file"] for r in results)
+    assert "encoding" not in found.stderr
+
+    new = tmp_path / "new.png"
+    Image.new("RGB", (33, 33), (9, 9, 9)).save(new)
+    asked = RUN.invoke(app, ["search", str(out), str(new), "--json", "--device", "cpu"])
+    assert asked.exit_code == 0, asked.output
+    assert json.loads(asked.stdout)["results"][0]["source"] == "encoded"
+    assert asked.stderr.splitlines() == [f"gemma4enc: encoding 1 file(s) {out} lacks, with its settings"]

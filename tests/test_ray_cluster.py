@@ -154,9 +154,10 @@ def run_losing_a_node(c, doomed, marks, args, err: Path, env: dict) -> tuple[int
             in_flight = wait_for_mark(marks, proc, err, 2 * START_S)
             c.remove_node(doomed)  # kills its raylet and its workers: the hanging actor and its task
             try:
-                stdout, _ = proc.communicate(timeout=180)
+                # the survivor alone does the rest: on a loaded 2-core machine (load 30) minutes
+                stdout, _ = proc.communicate(timeout=2 * START_S)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"the run did not end in 180 s after its node died:\n{err.read_text()}")
+                pytest.fail(f"the run did not end in {2 * START_S} s after its node died:\n{err.read_text()}")
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -175,6 +175,12 @@ def search(
     queries, sources, errors = {}, {}, {}
     new = []
     for f in files:
+        members = _tar_members(f)
+        if members is not None:  # a WebDataset tar: its members are the queries, OUT's rows if it has them
+            fresh = [m for m in members if m not in emb]
+            new += [key_of(f)] if fresh else []
+            sources |= {m: "encoded" if m in fresh else "out" for m in members}
+            continue
         path = key_of(f)
         row = emb.rows.get(path) if path in emb else None
         if row is not None and _unchanged(path, row):
@@ -185,7 +191,11 @@ def search(
         else:
             errors[f] = "no such file, and not in OUT"
     positions = {p: i for i, p in enumerate(index.paths)} if sources else {}
-    encoded = encode_files(Path(out), new, device, bar, log) if new else {}
+    if new:
+        log(f"encoding {len(new)} file(s) {out} lacks, with its settings")
+    # its own log stays quiet: its lines (model loaded, worker advice, a temp OUT's manifest) are
+    # about a run the user did not start; a query that fails says why in the results
+    encoded = encode_files(Path(out), new, device, bar, lambda message: None) if new else {}
     for f, source in sources.items():
         path = key_of(f)
         if source == "out":
@@ -213,6 +223,21 @@ def search(
         "results": results,
         "failed": failed,
     }
+
+
+def _tar_members(f: str) -> list[str] | None:
+    """A local WebDataset tar's media members as OUT keys them (TAR/MEMBER); None for any other file."""
+    from ..media import webdataset
+
+    if not webdataset.is_tar(f) or not os.path.isfile(f):
+        return None
+    tar = key_of(f)
+    try:
+        handle, found, _ = webdataset.members(tar)
+    except Exception:  # noqa: BLE001 - not a tar after all: encoded as a file, and its row says why
+        return None
+    handle.close()
+    return [f"{tar}/{name}" for name in found]
 
 
 def _unchanged(path: str, row: dict) -> bool:
