@@ -156,6 +156,23 @@ def test_a_read_only_out_is_a_usage_error(good, ckpt, tmp_path):
         assert json.loads(result.stdout)["exit_code"] == 2
 
 
+def test_search_on_a_read_only_out_says_the_index_is_not_cached_in_one_line(good, ckpt, tmp_path):
+    """faiss cannot cache its index in a read-only OUT: one line in the user's words, no C++ text."""
+    pytest.importorskip("faiss")
+    with tmpfs(tmp_path / "ro", "8m") as ro:
+        out = ro / "out"
+        assert encode_in_subprocess(good, "-o", out, "--model", ckpt, *BASE).returncode == 0
+        remount = subprocess.run(["mount", "-o", "remount,ro", str(ro)], capture_output=True, timeout=30)
+        if remount.returncode:
+            pytest.skip(f"cannot remount read-only here: {remount.stderr.strip()}")
+        run = subprocess.run([sys.executable, "-m", "gemma4enc", "search", str(out), str(good / "photo0.jpg"), "-k", "2"],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert run.stderr.splitlines() == [
+            f"gemma4enc: the index is not cached in {out} (Read-only file system); it is built again next time"]
+        assert run.stdout.splitlines()[0].endswith(str(good / "photo0.jpg"))
+
+
 def test_safetensors_errors_read_as_the_os_error_they_wrap(tmp_path):
     """safetensors raises SafetensorError, which has no strerror: a real one from a full tmpfs."""
     from safetensors import SafetensorError

@@ -120,15 +120,18 @@ def load_index(
         paths, matrix = _matrix(emb)
         return Index(paths, matrix), emb
     paths, index = _matrix(emb, faiss)
+    def write_index(tmp: Path) -> None:
+        open(tmp, "wb").close()  # an unwritable OUT is Python's OSError, not faiss's C++ text
+        faiss.write_index(index, str(tmp))
+
     try:
-        atomic_write(out / INDEX, lambda tmp: faiss.write_index(index, str(tmp)))
+        atomic_write(out / INDEX, write_index)
         atomic_write(
             out / KEYS, lambda tmp: tmp.write_text(json.dumps({"stamp": stamp, "paths": paths}))
         )
     except (OSError, RuntimeError) as e:
-        log(
-            f"the index is not cached in {out} ({getattr(e, 'strerror', None) or e}); it is built again next time"
-        )
+        why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
+        log(f"the index is not cached in {out} ({why}); it is built again next time")
     return Index(paths, None, index), emb
 
 
