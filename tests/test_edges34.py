@@ -4,6 +4,7 @@ and what to do, in the user's own figures and words."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -206,3 +207,25 @@ def test_search_a_tar_uses_its_members_rows_and_keeps_encodes_log_to_itself(tmp_
     assert asked.exit_code == 0, asked.output
     assert json.loads(asked.stdout)["results"][0]["source"] == "encoded"
     assert asked.stderr.splitlines() == [f"gemma4enc: encoding 1 file(s) {out} lacks, with its settings"]
+
+
+@pytest.mark.parametrize("backend", ["pyav", "decord"])
+def test_seek_keyframe_that_folds_frames_records_what_was_asked(tmp_path, ckpt, backend):
+    """One keyframe in the clip: --seek keyframe gives one frame for the 4 asked; the row says 4."""
+    if backend == "decord":
+        pytest.importorskip("decord")
+    from gemma4enc.dev.demo import write_video
+
+    from .helpers import shard_tokens
+
+    media = tmp_path / "m"
+    media.mkdir()
+    write_video(media / "one_key.mp4", frames=40, gop=100)
+    write_video(media / "many_keys.mp4", frames=40, gop=1)
+    out = tmp_path / "out"
+    result = encode([media, "-o", out, "--model", ckpt, *BASE, "--seek", "keyframe", "--video-backend", backend])
+    assert result.exit_code == 0, result.output
+    rows = {Path(r["path"]).name: r for r in shard_tokens(out)[0]}
+    folded = rows["one_key.mp4"]
+    assert len(folded["frame_indices"]) < 4 and folded["frames_asked"] == 4 and folded["frames"] < 4
+    assert len(rows["many_keys.mp4"]["frame_indices"]) == 4 and "frames_asked" not in rows["many_keys.mp4"]

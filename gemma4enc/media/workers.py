@@ -84,6 +84,8 @@ def prepare(item: Item, options: Options) -> Decoded:
                 video["truncated"] = True
             if frames.info.get("missing"):  # asked for, not decodable: the row says which
                 video["missing_frames"] = frames.info["missing"]
+            if frames.info.get("frames_asked", 0) > len(frames.indices):  # --seek folded some together
+                video["frames_asked"] = frames.info["frames_asked"]
         sidecar = None
         if elsewhere and webdataset.member_of(item.path, item.root, item.rel):
             sidecar = webdataset.sidecars(item.root, item.rel) or None
