@@ -229,3 +229,43 @@ def test_seek_keyframe_that_folds_frames_records_what_was_asked(tmp_path, ckpt, 
     folded = rows["one_key.mp4"]
     assert len(folded["frame_indices"]) < 4 and folded["frames_asked"] == 4 and folded["frames"] < 4
     assert len(rows["many_keys.mp4"]["frame_indices"]) == 4 and "frames_asked" not in rows["many_keys.mp4"]
+
+
+def _slow_decode(item, options):
+    import time
+
+    from gemma4enc.media.workers import Decoded
+
+    time.sleep(1.0)  # the run is killed meanwhile
+    return Decoded(item)
+
+
+def test_a_decode_worker_whose_run_is_gone_ends_quietly(capfd):
+    """After kill -9 of the run, a worker that finishes its file finds the pipe broken: it ends,
+    without a BrokenPipeError traceback on the terminal the run left."""
+    import multiprocessing as mp
+
+    from gemma4enc.media.kinds import Item
+    from gemma4enc.media.workers import _serve
+    from gemma4enc.options import Options
+
+    ctx = mp.get_context("fork")  # the pipe's ends, as the run and its worker hold them
+    run_end, worker_end = ctx.Pipe()
+
+    def serve():  # the worker holds its own end only, as a forkserver's child does
+        run_end.close()
+        _serve(worker_end, _slow_decode, Options())
+
+    worker = ctx.Process(target=serve, daemon=True)
+    worker.start()
+    try:
+        worker_end.close()
+        run_end.send((0, Item("/x.jpg", "image", 1, 1), 1))
+        run_end.close()  # the run dies while the worker decodes
+        worker.join(60)
+        assert worker.exitcode == 0
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        if worker.is_alive():
+            worker.kill()
+            worker.join()

@@ -154,7 +154,10 @@ def _serve(conn, fn: Callable, options: Options) -> None:
             result = Decoded(
                 item, status=Status.DECODE_ERROR, error=f"{type(e).__name__}: {str(e)[:300]}"
             )
-        conn.send((seq, result))
+        try:
+            conn.send((seq, result))
+        except OSError:  # the run is gone (kill -9): nobody to tell, and no traceback to print
+            return
 
 
 def _die_with_parent() -> None:
