@@ -269,3 +269,19 @@ def test_a_decode_worker_whose_run_is_gone_ends_quietly(capfd):
         if worker.is_alive():
             worker.kill()
             worker.join()
+
+
+def test_plan_counts_a_webms_frames_from_its_header(tmp_path, ckpt):
+    """WebM states no frame count: its duration and rate give it, as encode then finds (10, not 32)."""
+    from gemma4enc.dev.demo import write_video
+
+    media = tmp_path / "m"
+    media.mkdir()
+    write_video(media / "short.webm", frames=10, codec="libvpx-vp9")
+    plan = json.loads(RUN.invoke(app, ["plan", str(media), "--json", "--frames", "32"]).stdout)
+    out = tmp_path / "out"
+    assert encode([media, "-o", out, "--model", ckpt, *BASE, "--frames", "32"]).exit_code == 0
+    from .helpers import shard_tokens
+
+    row = shard_tokens(out)[0][0]
+    assert row["frames"] == 10 and plan["tower_items"] == 10, (row["frames"], plan)
