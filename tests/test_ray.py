@@ -33,6 +33,7 @@ from .helpers import (
 )
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.usefixtures("bounded")  # every test here ends, or the run does
 
 RAY = ["--engine", "ray", "--ray-actors", "2", "--workers", "0"]
 
