@@ -212,8 +212,6 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(
     lost actor is restarted on its node once the survivor is idle, to redo the lost task. Lost
     while the pool is still starting (its actor hangs in its constructor until the node goes), on
     a machine whose cores are all busy: the pool shrinks to the live node's actor, which does all."""
-    if lost == "while_starting":
-        request.getfixturevalue("busy_cores")
     files = sorted(media.iterdir())
     base = f"cluster/{lost}"  # the bucket is the module's: each case its own prefix
     s3.put([str(p) for p in files[:6]], f"{base}/media/")  # six as a folder, four as a WebDataset tar
@@ -223,6 +221,8 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(
     s3.put(str(tmp_path / "rest.tar"), f"{base}/tars/rest.tar")
     named = {f"{i:06d}{p.suffix}": p.name for i, p in enumerate(files[6:])} | {p.name: p.name for p in files[:6]}
     c, doomed, marks = two_nodes(1, HANG if lost == "mid_task" else HANG_AT_START)
+    if lost == "while_starting":  # once the nodes are up: Ray gives a raylet 30 s to start, fixed
+        request.getfixturevalue("busy_cores")
     out, err = f"s3://{base}/out", tmp_path / "driver.err"
     roots = [f"s3://{base}/media", f"s3://{base}/tars/rest.tar"]
     ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "0"]
