@@ -37,8 +37,10 @@ def one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 
-def output_error(what: str, out: Path, e: Exception) -> OutputError:
-    return OutputError(
-        f"cannot write {what} in {out}: {reason(e)}; the files finished before are saved, "
-        "re-run to resume once it is writable"
-    )
+def output_error(what: str, out: Path, e: Exception, saved: int | None = None) -> OutputError:
+    """`saved`: the files this run saved before, where known; none is said as none, not as 'saved'."""
+    if saved == 0:
+        then = "no file of this run was saved (what earlier runs saved stays); re-run once it is writable"
+    else:
+        then = "the files finished before are saved, re-run to resume once it is writable"
+    return OutputError(f"cannot write {what} in {out}: {reason(e)}; {then}")

@@ -224,12 +224,13 @@ class Options:
         for flag, value in (
             ("--max-batch-patches", self.max_batch_patches),
             ("--shard-size", self.shard_bytes),
-            ("--max-image-pixels", self.max_image_pixels),
             ("--task-files", self.task_files),
             ("--ray-actors", self.ray_actors),
         ):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value}: must be at least 1")
+        if self.max_image_pixels is not None and self.max_image_pixels < 0:
+            raise UsageError(f"--max-image-pixels {self.max_image_pixels}: must be 0 (no limit) or more")
         for flag, value in (
             ("--workers", self.workers),
             ("--max-failures", self.max_failures),

@@ -43,6 +43,7 @@ VIDEO_KEYS = (
     "backend",
     "truncated",
     "missing_frames",
+    "frames_asked",
 )
 
 

@@ -64,3 +64,18 @@ def photos():
 def good(tmp_path_factory):
     """Six valid photos and clips (corpus.good_media), made once per module."""
     return good_media(tmp_path_factory.mktemp("good") / "media")
+
+
+@pytest.fixture
+def bounded():
+    """A Ray test that can never hang the suite: past GEMMA4ENC_TEST_BOUND_S (1,800 s: a two-node
+    test took 6 min at load 30) the process prints every thread's stack and exits (faulthandler's
+    watchdog is a C thread: it fires even while the test waits inside Ray's C++ code)."""
+    import faulthandler
+    import os
+
+    faulthandler.dump_traceback_later(float(os.environ.get("GEMMA4ENC_TEST_BOUND_S") or 1800), exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

@@ -121,6 +121,29 @@ def test_disk_full_mid_run_exits_4_with_one_line_and_a_rerun_resumes(good, ckpt,
         assert all(torch.equal(t, by_name[Path(p).name]) for p, t in a.items())
 
 
+def test_disk_full_before_any_file_is_saved_says_none_was(good, ckpt, tmp_path):
+    """Room for OUT's small files, none for a shard: the line does not claim files were saved."""
+    clean = tmp_path / "clean"
+    args = ["--model", ckpt, *BASE, "--shard-size", "1", "--flush-seconds", "0.1"]
+    assert encode_in_subprocess(good, "-o", clean, *args).returncode == 0
+    smallest = min(p.stat().st_size for p in clean.glob("*.safetensors"))
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        (disk / "out").mkdir()
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        room = 16 << 10  # the settings, the lock, the empty manifest: pages, not a shard
+        if smallest < 2 * room:
+            pytest.skip(f"the smallest shard ({smallest} bytes) would fit in the room left")
+        (disk / "filler").write_bytes(b"\0" * (free - room))
+        full = encode_in_subprocess(good, "-o", disk / "out", *args, "-q")
+        assert full.returncode == 4, full.stderr
+        lines = full.stderr.splitlines()
+        assert len(lines) == 1 and "No space left on device" in lines[0], lines
+        assert "no file of this run was saved (what earlier runs saved stays); re-run once it is writable" in lines[0]
+        assert "the files finished before are saved" not in lines[0]
+        manifest = disk / "out" / "manifest.jsonl"
+        assert not manifest.exists() or not manifest.read_text().strip()
+
+
 def test_a_read_only_out_is_a_usage_error(good, ckpt, tmp_path):
     with tmpfs(tmp_path / "ro", "1m") as ro:
         (ro / "out").mkdir()
@@ -131,6 +154,23 @@ def test_a_read_only_out_is_a_usage_error(good, ckpt, tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.splitlines() == [f"gemma4enc: error: cannot write to {ro / 'out'}: Read-only file system"]
         assert json.loads(result.stdout)["exit_code"] == 2
+
+
+def test_search_on_a_read_only_out_says_the_index_is_not_cached_in_one_line(good, ckpt, tmp_path):
+    """faiss cannot cache its index in a read-only OUT: one line in the user's words, no C++ text."""
+    pytest.importorskip("faiss")
+    with tmpfs(tmp_path / "ro", "8m") as ro:
+        out = ro / "out"
+        assert encode_in_subprocess(good, "-o", out, "--model", ckpt, *BASE).returncode == 0
+        remount = subprocess.run(["mount", "-o", "remount,ro", str(ro)], capture_output=True, timeout=30)
+        if remount.returncode:
+            pytest.skip(f"cannot remount read-only here: {remount.stderr.strip()}")
+        run = subprocess.run([sys.executable, "-m", "gemma4enc", "search", str(out), str(good / "photo0.jpg"), "-k", "2"],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert run.stderr.splitlines() == [
+            f"gemma4enc: the index is not cached in {out} (Read-only file system); it is built again next time"]
+        assert run.stdout.splitlines()[0].endswith(str(good / "photo0.jpg"))
 
 
 def test_safetensors_errors_read_as_the_os_error_they_wrap(tmp_path):

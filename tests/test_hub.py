@@ -251,7 +251,8 @@ def test_offline_uses_the_cache_and_says_so_when_it_is_empty(serve, monkeypatch)
     assert empty.exit_code == 2
     lines = empty.stderr.strip().splitlines()
     assert len(lines) == 1 and "acme/other: not in the Hugging Face cache and HF_HUB_OFFLINE is set" in lines[0]
-    assert "gemma4enc fetch acme/other" in lines[0]
+    assert "run this fetch where the hub can be reached (HF_HUB_OFFLINE unset), then copy its cache" in lines[0]
+    assert "gemma4enc fetch" not in lines[0]  # not told to run the command it is running
 
 
 @pytest.mark.parametrize("gated, message", [(False, "RepositoryNotFoundError"), (True, "GatedRepoError")])

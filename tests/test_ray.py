@@ -33,6 +33,7 @@ from .helpers import (
 )
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.usefixtures("bounded")  # every test here ends, or the run does
 
 RAY = ["--engine", "ray", "--ray-actors", "2", "--workers", "0"]
 
@@ -260,6 +261,24 @@ def test_a_listener_that_is_not_ray_is_told_apart():
     port = server.getsockname()[1]
     with server, pytest.raises(UsageError, match=f"something listens at 127.0.0.1:{port}, but it is not a Ray"):
         probe(f"127.0.0.1:{port}", "the Ray cluster", "check the address")
+
+
+def test_auto_follows_ray_address_and_probes_it(monkeypatch):
+    """RAY_ADDRESS (as `ray job submit` sets it) is what auto joins: probed like any address."""
+    import socket
+
+    from gemma4enc.run.raycluster import check_address
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(UsageError, match=f"the Ray cluster RAY_ADDRESS names at 127.0.0.1:{port} cannot be "
+                                         r"reached \(Connection refused\); check RAY_ADDRESS"):
+        check_address("auto")
+    monkeypatch.setenv("RAY_ADDRESS", "nonsense")
+    with pytest.raises(UsageError, match="RAY_ADDRESS: use auto or HOST:PORT, not 'nonsense'"):
+        check_address("auto")
 
 
 def test_pool_sizes_from_the_cluster():

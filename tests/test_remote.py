@@ -200,9 +200,17 @@ def test_ray_actors_read_urls_and_tars_and_write_an_s3_out(s3, good, ckpt, tmp_p
     args = ["--model", ckpt, *BASE, "--workers", "0"]
     assert encode([*roots, "-o", local, *args]).exit_code == 0
     ray = ["--engine", "ray", "--ray-actors", "2", "--task-files", "3"]
+    import re
+    import tempfile
+
+    def task_folders() -> set[str]:  # the actors' per-task folders (their pid in the name)
+        return {n for n in os.listdir(tempfile.gettempdir()) if re.fullmatch(r"gemma4enc-task-\d+-.+", n)}
+
+    before = task_folders()
     result = encode([*roots, "-o", out, *args, *ray])
     summary = _summary(result)
     assert summary["engine"] == "ray" and summary["encoded"] == 8, result.output
+    assert task_folders() - before == set()  # each task's folder went with it
     _, want = shard_tokens(local)
     emb = gemma4enc.open(out)
     got = {p: emb[p] for p, _ in emb.ok_rows()}

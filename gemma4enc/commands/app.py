@@ -23,7 +23,8 @@ DEFAULT = Options()  # every default below is read from here: one place for each
 
 EPILOG = (
     "Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error · "
-    "3 --max-failures exceeded · 4 the output folder stopped taking writes · 130 interrupted."
+    "3 --max-failures exceeded · 4 the output folder stopped taking writes · 70 a bug (an "
+    "internal error: please report it) · 130 interrupted."
 )
 
 
@@ -97,6 +98,13 @@ class Command(TyperCommand):
     """A command whose every way out is an exit code, one line on stderr, and a JSON object on
     stdout with --json: click's own usage errors (bad flag syntax) and ours alike."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.param_type_name == "argument":
+                _plain_argument(param)
+        self.epilog = EPILOG
+
     def make_context(self, info_name, args, parent=None, **extra):
         wants_json = "--json" in args and any(p.name == "json_out" for p in self.params)
         try:
@@ -131,6 +139,16 @@ class Command(TyperCommand):
                 _silence(sys.stdout)  # stdout is what failed: its JSON cannot be given either
             _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)
             raise typer.Exit(code) from None
+
+
+def _plain_argument(param) -> None:
+    """An argument shown as `OUT` and `ROOTS...` in the help, as man pages do: Typer shows `{out}`
+    in the usage line and a Python type (`<list[str]>`) beside it, which mean nothing to a user."""
+    name = param.name.upper()
+    param.metavar = name
+    param.display_type_rich = lambda ctx: None  # its help line says what it takes
+    usage = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
+    param.get_usage_pieces = lambda ctx: [usage]
 
 
 def _json_error(wanted: bool, message: str, code: int) -> None:

@@ -56,11 +56,11 @@ FilesFrom = Annotated[
 Null = Annotated[bool, Opt("--null", "-0", help="--files-from names end in NUL bytes (find -print0).")]
 Include = Annotated[
     Optional[list[str]],
-    Opt("--include", help="Only paths matching this glob, in any case (repeatable)."),
+    Opt("--include", metavar="GLOB", help="Only paths matching this glob, in any case (repeatable)."),
 ]
 Exclude = Annotated[
     Optional[list[str]],
-    Opt("--exclude", help="Skip paths, or folders, matching this glob, in any case."),
+    Opt("--exclude", metavar="GLOB", help="Skip paths, or folders, matching this glob, in any case."),
 ]
 Hidden = Annotated[bool, Opt("--hidden", help="Also walk hidden files and folders.")]
 MaxPixels = Annotated[int, Opt("--max-image-pixels", help="Refuse larger images (0 = no limit).")]

@@ -43,6 +43,10 @@ def verify(
         ),
     ] = False,
     json_out: Json = False,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="Print only the problems, nothing when OUT is sound: the exit code says."),
+    ] = False,
 ):
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
     from .report import verify as check
@@ -55,6 +59,9 @@ def verify(
             report = check(folder) | {"out": str(out), "repaired": repaired}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
+    elif quiet:
+        for line in report["problems"]:
+            typer.echo(f"problem: {line}")
     else:
         typer.echo(
             f"{report['out']}: {report['files']} files, {report['encoded']} encoded in {report['shards']} "

@@ -53,7 +53,8 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
 
                 with av.open(source) as c:
                     s = c.streams.video[0]
-                    size, count = (s.width, s.height), _video_frames(options.sampling, s)
+                    container_s = c.duration / 1_000_000 if c.duration else 0.0  # AV_TIME_BASE: µs
+                    size, count = (s.width, s.height), _video_frames(options.sampling, s, container_s)
                 budget = options.video_tokens
             else:
                 continue
@@ -80,12 +81,15 @@ def plan_report(items: list[Item], options: Options, hidden: int) -> dict:
     }
 
 
-def _video_frames(sampling: Sampling, stream) -> int:
-    """Frames `sampling` takes from a video stream, from its header: --frames, or --fps over its duration."""
-    total = stream.frames or 0
+def _video_frames(sampling: Sampling, stream, container_s: float = 0.0) -> int:
+    """Frames `sampling` takes from a video stream, from its header: --frames, or --fps over its
+    duration. Where the stream states no frame count or duration (WebM, Matroska), the
+    container's duration and the stream's rate stand for them."""
+    seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else container_s
+    rate = float(stream.average_rate or 0)
+    total = stream.frames or (round(seconds * rate) if seconds and rate else 0)
     if sampling.fps is None:
         return min(sampling.frames or DEFAULT_FRAMES, total or sampling.frames or DEFAULT_FRAMES)
-    seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0
     if stream.average_rate:
         seconds -= 1 / float(
             stream.average_rate

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import logging
 import os
 import stat
 import sys
@@ -120,6 +121,11 @@ def _listed(files_from: str, null: bool = False) -> list[str]:
             with open(files_from, "rb") as f:
                 raw = f.read()
         if null:
+            if raw.strip() and b"\0" not in raw and b"\n" in raw.strip():
+                logging.getLogger("gemma4enc.discover").warning(
+                    f"gemma4enc: warning: --files-from {files_from} with -0 holds no NUL byte but "
+                    "several lines: read as ONE name; leave out -0 for one path a line"
+                )
             return [os.fsdecode(name) for name in raw.split(b"\0") if name]
         return [os.fsdecode(line) for line in raw.split(b"\n") if line.strip()]
     except OSError as e:
@@ -192,7 +198,9 @@ def discover_chunks(
     roots, listed = ranged(roots), ranged(listed)  # (name, its brace pattern or None)
     for root, pattern in roots:
         if pattern is None and not remote.is_url(root) and not os.path.lexists(root):
-            raise UsageError(f"{root}: no such file or folder")  # a typo, not a file that vanished: say so now
+            # a typo, not a file that vanished: say so now
+            hint = " (to read the paths from stdin: --files-from -)" if root == "-" else ""
+            raise UsageError(f"{root}: no such file or folder{hint}")
     _reach([name for name, _ in [*roots, *listed]])
     seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
     for root, pattern in [*roots, *listed]:

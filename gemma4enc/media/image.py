@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
@@ -54,12 +53,13 @@ def _register_heif() -> None:
 
 
 @contextlib.contextmanager
-def _pillow_limits(max_pixels: int | None):
-    """Pillow's bomb limit ours (checked on the full-size header) and truncated files errors, for
-    this decode only: the process's own settings are put back, so a library user's stay theirs."""
+def _pillow_limits():
+    """Pillow's bomb check off (ours is made on the full-size header, in the user's figure: Pillow's
+    error quotes twice its limit) and truncated files errors, for this decode only: the process's
+    own settings are put back, so a library user's stay theirs."""
     saved = Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES
     Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = (
-        max_pixels,
+        None,
         False,
     )  # truncated: not a grey patch
     try:
@@ -77,9 +77,15 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     """
     _register_heif()
     try:
-        with warnings.catch_warnings(), _pillow_limits(max_pixels):
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with _pillow_limits():
             with open_image(path) as image:
+                width, height = image.size  # from the header: nothing decoded yet
+                if max_pixels and width * height > max_pixels:
+                    raise DecodeError(
+                        Status.TOO_LARGE,
+                        f"{width}×{height} = {width * height:,} pixels, more than --max-image-pixels "
+                        f"{max_pixels:,} (a decompression bomb?); raise --max-image-pixels to allow it",
+                    )
                 # PSD's "frames" are its layers, and a bad layer table must not cost the composite
                 frames = 1 if image.format == "PSD" else getattr(image, "n_frames", 1)
                 first = getattr(image, "_min_frame", 0)  # PSD numbers its layers from 1
@@ -92,8 +98,6 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
                 else:
                     fast = _heic(path, image, fit) if image.format == "HEIF" else None
                     rgb, decoded = fast or _fitted(image, fit)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DecodeError(Status.TOO_LARGE, f"{e} (raise --max-image-pixels to allow it)") from None
     except Image.UnidentifiedImageError:
         if isinstance(path, str):
             with open(path, "rb") as f:

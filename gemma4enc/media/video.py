@@ -65,6 +65,7 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str =
             base = stream.start_time if stream.start_time is not None else int(order[0])
             times = (order - base) * float(stream.time_base)
         wanted = sampling.indices(len(times), times)
+        asked = len(wanted)  # a seek may fold several onto one keyframe: the row says what was asked
         if seek == "keyframe" and not index.by_count:
             wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
         elif seek_bound(seek) and not index.by_count:
@@ -106,6 +107,7 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str =
         "duration": round(index.seconds, 6),
         "missing": missing,
         "truncated": index.truncated,
+        "frames_asked": asked,
         "height": size[0][0],
         "width": size[0][1],
     }
@@ -274,6 +276,7 @@ def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str
     stamps = reader.get_frame_timestamp(np.arange(total))  # (start, end) of each frame, seconds
     times = stamps[:, 0]
     wanted = sampling.indices(total, times)
+    asked = len(wanted)
     if seek == "keyframe":
         wanted = snap_to_keyframes(wanted, sorted(int(k) for k in reader.get_key_indices()))
     elif seek_bound(seek):
@@ -291,6 +294,7 @@ def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str
         images += [transform(frame) for frame in batch]
     info = {
         "backend": "decord",
+        "frames_asked": asked,
         "total_frames": total,
         "fps": float(reader.get_avg_fps()),
         "duration": round(_decord_length(stamps, total, float(reader.get_avg_fps())), 6),
@@ -329,8 +333,8 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
     if max_pixels and pixels > max_pixels:
         raise DecodeError(
             Status.TOO_LARGE,
-            f"frames of {stream.width}×{stream.height} exceed {max_pixels} pixels "
-            "(raise --max-image-pixels to allow them)",
+            f"frames of {stream.width}×{stream.height} = {pixels:,} pixels, more than "
+            f"--max-image-pixels {max_pixels:,}; raise --max-image-pixels to allow them",
         )
     return codec
 

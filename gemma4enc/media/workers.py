@@ -95,6 +95,8 @@ def prepare(item: Item, options: Options, rereads: int = REREADS) -> Decoded:
                 video["truncated"] = True
             if frames.info.get("missing"):  # asked for, not decodable: the row says which
                 video["missing_frames"] = frames.info["missing"]
+            if frames.info.get("frames_asked", 0) > len(frames.indices):  # --seek folded some together
+                video["frames_asked"] = frames.info["frames_asked"]
         if before is not None and _stamp(item.path) != before:  # rewritten while it was read
             if rereads > 0:
                 return prepare(item, options, rereads - 1)
@@ -177,7 +179,10 @@ def _serve(conn, fn: Callable, options: Options) -> None:
             result = Decoded(
                 item, status=Status.DECODE_ERROR, error=f"{type(e).__name__}: {str(e)[:300]}"
             )
-        conn.send((seq, result))
+        try:
+            conn.send((seq, result))
+        except OSError:  # the run is gone (kill -9): nobody to tell, and no traceback to print
+            return
 
 
 def _die_with_parent() -> None:

@@ -21,6 +21,7 @@ One run writes at a time (the lock), so numbering on from the last part needs no
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import tempfile
@@ -48,7 +49,8 @@ class Mirror:
     def __init__(self, url: str):
         self.store = Store(url)
         self.url = self.store.url
-        self.path = Path(tempfile.mkdtemp(prefix="gemma4enc-out-"))
+        # the pid in the name: a later run removes it if this process is killed (run/tempsweep.py)
+        self.path = Path(tempfile.mkdtemp(prefix=f"gemma4enc-out-{os.getpid()}-"))
         self.lock: StoreLock | None = None
         # in this run's part names: whose they were, for a reader of the store
         self.run = uuid.uuid4().hex[:8]

@@ -92,6 +92,9 @@ class ShardWriter:
         self.pooled_only = metadata.get("store") == "pooled"
         self.out.mkdir(parents=True, exist_ok=True)
         self.on_rows = on_rows or (lambda rows: append_rows(self.out, rows))
+        # rows this writer saved; None where its rows are not the run's (a Ray task's): an error
+        # then cannot tell whether the run saved any
+        self.saved: int | None = None if name is not None else 0
         # OUT at a URL: each shard goes to the store once written here, before its rows (mirror.py)
         self.publish = publish
         if name is None:
@@ -183,8 +186,10 @@ class ShardWriter:
                 for index, p in enumerate(ok):
                     p.row = p.row.replace(shard=name, index=index)
             self.on_rows([p.row for p in pending])
+            if self.saved is not None:
+                self.saved += len(pending)
         except (OSError, SafetensorError) as e:
-            raise output_error(f"{name} or {MANIFEST}" if ok else MANIFEST, self.out, e) from None
+            raise output_error(f"{name} or {MANIFEST}" if ok else MANIFEST, self.out, e, self.saved) from None
 
     def _stack(self, ok: list[Pending]) -> dict[str, torch.Tensor]:
         if self.pooled_only:

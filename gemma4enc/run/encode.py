@@ -45,8 +45,10 @@ def encode(
     (path, root, rel), each kept under the root a walk found it in (verify --repair's files:
     their rows keep `root` and `rel`, so a moved folder is still recognised)."""
     from ..media.remote import is_url
+    from .tempsweep import sweep
 
     log = log or (lambda message: None)
+    sweep()  # the temp folders of runs killed with kill -9
     walk = (files_from, list(include or []), list(exclude or []), hidden, null, found)
     if not is_url(str(out)):
         return _encode(roots, Path(out), flags, given, walk, overwrite, bar, log)
@@ -73,6 +75,9 @@ def _encode(roots, out: Path, flags, given, walk: tuple, overwrite: bool, bar, l
     from ..media.discover import discover_chunks
 
     files_from, include, exclude, hidden, null, found = walk
+    if out.exists() and not out.is_dir():  # /dev/null, a file: not "File exists" from mkdir
+        kind = "a file" if out.is_file() else "not a folder"
+        raise UsageError(f"-o {out}: {kind}; OUT is the folder the shards and manifest go in (new, or one encode made)")
     saved = None if overwrite else read_settings(out)  # a re-run may omit the flags
     shown = f"{mirror.url}/{SETTINGS}" if mirror is not None else str(out / SETTINGS)
     options, notes = Options.resume(saved, flags or {}, given, where=shown)
@@ -159,6 +164,8 @@ def encode_files(
     out = Path(out)
     log = log or (lambda message: None)
     where = mirror.url if mirror is not None else out  # OUT as the user named it, for messages
+    # where a person reads the rows: a store's manifest is in parts (its manifest.jsonl may be empty)
+    see = f"see {where}/{MANIFEST}" if mirror is None else f"see gemma4enc inspect {where}"
     rerun = not overwrite and (out / SETTINGS).exists()
     # a re-run into a folder a loaded model made checks the model and devices only if there is work
     deferred = rerun and can_wait(options)
@@ -220,7 +227,7 @@ def encode_files(
                 )
             except TooManyFailures as e:
                 raise TooManyFailures(
-                    f"{e}; finished files are saved (see {where}/{MANIFEST})"
+                    f"{e}; finished files are saved ({see})"
                 ) from None
             if stream is not None:  # no list of the files to look them up by: the rows this run appended
                 from .stream import failures_since
@@ -252,7 +259,7 @@ def encode_files(
         if pool is not None:
             pool.close()  # workers no map() took (the run ended before decoding); the engine stops its own
     if failures:
-        log(f"{len(failures)} file(s) failed: {first_lines(failures)} (see {where}/{MANIFEST})")
+        log(f"{len(failures)} file(s) failed: {first_lines(failures)} ({see})")
     return {
         "out": str(out),
         "files": found,

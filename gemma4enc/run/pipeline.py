@@ -38,6 +38,9 @@ class Summary:
     decode_wait: float = (
         0.0  # seconds the towers' feeder waited for decoded files (decode-bound when large)
     )
+    # seconds it waited for files that came back with no pixels for want of time or of the file
+    # (timeout, not_found, unreadable): more workers would not have made those come sooner
+    stalled_wait: float = 0.0
     by_status: dict[str, int] = field(default_factory=dict)
     device_patches: list[int] = field(default_factory=list)  # patches each tower encoded
     where: dict = field(
@@ -204,8 +207,12 @@ def default_window(mode: str, max_patches: int) -> int:
     return max_patches if mode == "serial" else max(4 * max_patches, 20_000)
 
 
+STALLED = (Status.TIMEOUT, Status.NOT_FOUND, Status.UNREADABLE)  # waits that are not decoding
+
+
 def _timed(decoded, summary: Summary):
-    """The decoded files, adding the time spent waiting for each to summary.decode_wait."""
+    """The decoded files, adding the time spent waiting for each to summary.decode_wait (or, for a
+    file that timed out or was not there, to summary.stalled_wait)."""
     it = iter(decoded)
     while True:
         t = time.perf_counter()
@@ -214,7 +221,10 @@ def _timed(decoded, summary: Summary):
         except StopIteration:
             summary.decode_wait += time.perf_counter() - t
             return
-        summary.decode_wait += time.perf_counter() - t
+        if d.status in STALLED:
+            summary.stalled_wait += time.perf_counter() - t
+        else:
+            summary.decode_wait += time.perf_counter() - t
         yield d
 
 
@@ -229,16 +239,20 @@ def where_time_went(summary: Summary, workers: int) -> tuple[dict, str | None]:
     a sentence when decode was the bottleneck (the towers waited more than half the time)."""
     if not summary.seconds or not summary.files:
         return dict(NOTHING_TIMED), None
-    waited = min(1.0, summary.decode_wait / summary.seconds)
+    # the time spent on files that timed out or were missing is left out: it says nothing of how
+    # fast decoding goes (one 60 s timeout made "about 375 workers" of a run of small photos)
+    seconds = max(summary.seconds - summary.stalled_wait, 1e-9)
+    stalled = sum(summary.by_status.get(s, 0) for s in STALLED)
+    waited = min(1.0, summary.decode_wait / seconds)
     workers = max(1, workers)
     facts = {
         "tower_waited_share": round(waited, 3),
-        "decode_files_per_s_per_worker": round(summary.files / summary.seconds / workers, 3),
+        "decode_files_per_s_per_worker": round((summary.files - stalled) / seconds / workers, 3),
     }
-    if waited <= 0.5:
+    if waited <= 0.5 or summary.files == stalled:
         return facts, None
-    busy = max(summary.seconds - summary.decode_wait, 1e-9)
-    needed = workers * summary.seconds / busy  # workers that decode as fast as the towers encode
+    busy = max(seconds - summary.decode_wait, 1e-9)
+    needed = workers * seconds / busy  # workers that decode as fast as the towers encode
     return facts, (
         f"decode-bound: the tower waited {waited:.0%} of the time; about {needed:.0f} workers would "
         f"feed it (now {workers})"

@@ -86,7 +86,9 @@ class TaskEncoder:
         from ..model.batching import budget_patches
         from ..model.load import open_tower
         from ..output.shards import shard_metadata
+        from .tempsweep import sweep
 
+        sweep()  # on this node: the task folders of actors killed mid-task
         device = (
             "cuda" if ray.get_gpu_ids() else "cpu"
         )  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU
@@ -282,7 +284,8 @@ def _actors_out(run: Run) -> str:
 
 def _first_actor_start(ray, run: Run, pool: Pool) -> float:
     """Start one actor as the pool will (its resources, its constructor: imports and the tower) and
-    time it, so the pool's wait is measured on this machine, not guessed. Seconds it took."""
+    time it: a constructor that fails is told once here, where a pool would restart it without
+    end, and a machine too busy to start even one is told after START_S. Seconds it took."""
     limit = float(os.environ.get(START_S) or START_DEFAULT_S)
     actor_class = ray.remote(num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=0)(TaskEncoder)
     start = time.perf_counter()

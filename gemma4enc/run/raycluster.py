@@ -44,12 +44,12 @@ def _split(address: str, flag: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def probe(address: str, what: str, advice: str) -> None:
+def probe(address: str, what: str, advice: str, flag: str = "--ray-address") -> None:
     """Ask HOST:PORT what a gRPC server must answer at once; raise UsageError saying what was
     found there (nothing, a frozen or dead process, something that is not Ray) within PROBE_S.
     `advice`: what to do where nothing listens or something else does."""
     seconds = float(os.environ.get(PROBE_S) or PROBE_DEFAULT_S)
-    host, port = _split(address, "--ray-address")
+    host, port = _split(address, flag)
     deadline = time.monotonic() + seconds
     try:
         with socket.create_connection((host, port), timeout=seconds) as s:
@@ -85,9 +85,9 @@ def check_address(address: str) -> None:
         probe(address, "the Ray cluster", "check the address, or leave out --ray-address for a private Ray")
         return
     env = os.environ.get("RAY_ADDRESS", "")
-    if env:
+    if env and env != "auto":
         if "://" not in env:
-            probe(env, "the Ray cluster RAY_ADDRESS names", "check RAY_ADDRESS")
+            probe(env, "the Ray cluster RAY_ADDRESS names", "check RAY_ADDRESS", flag="RAY_ADDRESS")
         return
     from ray._common.utils import get_ray_address_file  # Ray's own record: where `ray start` writes it
 

@@ -120,15 +120,18 @@ def load_index(
         paths, matrix = _matrix(emb)
         return Index(paths, matrix), emb
     paths, index = _matrix(emb, faiss)
+    def write_index(tmp: Path) -> None:
+        open(tmp, "wb").close()  # an unwritable OUT is Python's OSError, not faiss's C++ text
+        faiss.write_index(index, str(tmp))
+
     try:
-        atomic_write(out / INDEX, lambda tmp: faiss.write_index(index, str(tmp)))
+        atomic_write(out / INDEX, write_index)
         atomic_write(
             out / KEYS, lambda tmp: tmp.write_text(json.dumps({"stamp": stamp, "paths": paths}))
         )
     except (OSError, RuntimeError) as e:
-        log(
-            f"the index is not cached in {out} ({getattr(e, 'strerror', None) or e}); it is built again next time"
-        )
+        why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
+        log(f"the index is not cached in {out} ({why}); it is built again next time")
     return Index(paths, None, index), emb
 
 
@@ -175,6 +178,12 @@ def search(
     queries, sources, errors = {}, {}, {}
     new = []
     for f in files:
+        members = _tar_members(f)
+        if members is not None:  # a WebDataset tar: its members are the queries, OUT's rows if it has them
+            fresh = [m for m in members if m not in emb]
+            new += [key_of(f)] if fresh else []
+            sources |= {m: "encoded" if m in fresh else "out" for m in members}
+            continue
         path = key_of(f)
         row = emb.rows.get(path) if path in emb else None
         if row is not None and _unchanged(path, row):
@@ -185,7 +194,11 @@ def search(
         else:
             errors[f] = "no such file, and not in OUT"
     positions = {p: i for i, p in enumerate(index.paths)} if sources else {}
-    encoded = encode_files(Path(out), new, device, bar, log) if new else {}
+    if new:
+        log(f"encoding {len(new)} file(s) {out} lacks, with its settings")
+    # its own log stays quiet: its lines (model loaded, worker advice, a temp OUT's manifest) are
+    # about a run the user did not start; a query that fails says why in the results
+    encoded = encode_files(Path(out), new, device, bar, lambda message: None) if new else {}
     for f, source in sources.items():
         path = key_of(f)
         if source == "out":
@@ -215,6 +228,21 @@ def search(
     }
 
 
+def _tar_members(f: str) -> list[str] | None:
+    """A local WebDataset tar's media members as OUT keys them (TAR/MEMBER); None for any other file."""
+    from ..media import webdataset
+
+    if not webdataset.is_tar(f) or not os.path.isfile(f):
+        return None
+    tar = key_of(f)
+    try:
+        handle, found, _ = webdataset.members(tar)
+    except Exception:  # noqa: BLE001 - not a tar after all: encoded as a file, and its row says why
+        return None
+    handle.close()
+    return [f"{tar}/{name}" for name in found]
+
+
 def _unchanged(path: str, row: dict) -> bool:
     """The file on disk is the one the row encoded (or it is gone, and OUT's vector is all there is)."""
     try:
@@ -237,7 +265,7 @@ def encode_files(out: Path, paths: list[str], device: str, bar, log) -> dict:
         )
     options, _ = Options.resume(saved, {"device": device, "workers": 0})  # OUT's own settings, every one
     items, _ = discover(paths)
-    with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"gemma4enc-search-{os.getpid()}-") as tmp:
         run(items, Path(tmp) / "out", options, bar=bar or _NoBar, log=log)
         emb = NumpyEmbeddings(Path(tmp) / "out")
         found = {rec.row["path"]: rec.pooled for rec in records(emb)}

@@ -71,11 +71,17 @@ def _snapshot(repo_id: str, revision: str | None, local_only: bool) -> tuple[Pat
     return config.parent, config.parent.name if config.parent.parent.name == "snapshots" else None
 
 
-def _local(repo_id: str, revision: str | None, why: str) -> tuple[Path, str | None]:
-    """Offline: our vision cache, else a full HF snapshot, else the one-line error."""
+def _local(repo_id: str, revision: str | None, why: str, fetching: bool = False) -> tuple[Path, str | None]:
+    """Offline: our vision cache, else a full HF snapshot, else the one-line error (`fetching`:
+    for `gemma4enc fetch` itself, which is not told to run itself)."""
     found = cached(repo_id, revision) or _snapshot(repo_id, revision, local_only=True)
     if found:
         return found
+    if fetching:
+        raise UsageError(
+            f"{repo_id}: not in the Hugging Face cache and {why}; run this fetch where the hub can be "
+            f"reached (HF_HUB_OFFLINE unset), then copy its cache ({cache_root()}) here"
+        )
     raise UsageError(
         f"{repo_id}: not in the Hugging Face cache and {why}; fetch it first where there is a network "
         f"(`gemma4enc fetch {repo_id}`, or `hf download {repo_id}`) or pass a local checkpoint folder"

@@ -102,8 +102,9 @@ def config_file(repo_id: str, revision: str | None = None) -> Path:
         raise _hub_error(repo_id, e) from None
 
 
-def fetch(repo_id: str, revision: str | None = None, log: Log = say) -> dict:
-    """A hub id → a local vision-only checkpoint folder; → what was done (folder, commit, bytes…)."""
+def fetch(repo_id: str, revision: str | None = None, log: Log = say, fetching: bool = False) -> dict:
+    """A hub id → a local vision-only checkpoint folder; → what was done (folder, commit, bytes…).
+    `fetching`: called by `gemma4enc fetch` (its offline error advises no fetch)."""
     import httpx2
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
@@ -111,10 +112,10 @@ def fetch(repo_id: str, revision: str | None = None, log: Log = say) -> dict:
     if pinned and (pinned / FETCHED).is_file():  # a commit never changes: no need to ask the hub
         return _found(repo_id, pinned, revision)
     if offline():
-        return _found(repo_id, *_local(repo_id, revision, "HF_HUB_OFFLINE is set"))
+        return _found(repo_id, *_local(repo_id, revision, "HF_HUB_OFFLINE is set", fetching))
     if not _resolves():  # the cache only, at once: not ~23 s of retries
         why = f"{_host()} cannot be resolved (offline? set HF_HUB_OFFLINE=1 to skip the hub)"
-        return _found(repo_id, *_local(repo_id, revision, why))
+        return _found(repo_id, *_local(repo_id, revision, why, fetching))
     try:
         commit, names = _resolve(repo_id, revision)
         folder = repo_folder(repo_id) / commit
@@ -130,7 +131,7 @@ def fetch(repo_id: str, revision: str | None = None, log: Log = say) -> dict:
             _remember(repo_id, revision or "main", commit)
         return record
     except (httpx2.TransportError, OfflineModeIsEnabled):
-        return _found(repo_id, *_local(repo_id, revision, "the hub could not be reached"))
+        return _found(repo_id, *_local(repo_id, revision, "the hub could not be reached", fetching))
     except HfHubHTTPError as e:
         raise _hub_error(repo_id, e) from None
 
