@@ -7,8 +7,10 @@ the README's exit-code table): one line on stderr, and with --json an {"error", 
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 
 # each registers its commands on the app, in the order --help lists them
 from . import running  # noqa: F401 - encode, plan (demo)
@@ -17,11 +19,11 @@ from . import running  # noqa: F401 - encode, plan (demo)
 from . import folder, tools  # noqa: F401
 from .app import app
 
-__all__ = ["app", "main"]
+__all__ = ["app", "console", "main"]
 
 
 def main() -> None:
-    """The console script: every command maps its errors to EXIT_CODES (see Command)."""
+    """Every command maps its errors to EXIT_CODES (see Command); ends in SystemExit, as click does."""
     # Before torch loads OpenMP: its threads sleep when they run out of work instead of spinning.
     # On a CPU shared with anything else, a spinning thread takes the core its busy sibling needs,
     # and the tower loses far more than the cores it shares (docs/benchmarks.md). A value already
@@ -31,3 +33,35 @@ def main() -> None:
         app()
     except KeyboardInterrupt:  # one that lands past the command's own handling: still exit 130
         sys.exit(130)
+
+
+def console() -> None:
+    """The console script and `python -m gemma4enc`: main(), then a quick way out of a process that
+    imported torch. Tearing down an interpreter that holds torch (its modules, their objects, the
+    libraries' destructors) takes seconds of CPU and does nothing for the user: everything a
+    command writes is closed by then. So the exit handlers run, stdout and stderr are flushed, and
+    the process ends (os._exit). Anything unusual (a thread still running, a flush that fails, an
+    exit code that is not a number) takes Python's own way out. In-process callers use main()."""
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code
+        if code is None or isinstance(code, int):
+            _quick_exit(code or 0)
+        raise
+
+
+def _quick_exit(code: int) -> None:
+    """End now if nothing is left that Python's shutdown would wait for; else return."""
+    if "torch" not in sys.modules:  # nothing heavy to tear down (--help, a bad flag, a no-op run)
+        return
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        return  # Python joins these before the exit handlers: let it
+    atexit._run_exitfuncs()  # multiprocessing's, logging's, tempfile's, Ray's: as at a normal exit
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return  # Python's exit reports a stream that cannot be written (exit code 120)
+    os._exit(code)
