@@ -99,10 +99,28 @@ def open_model(real=local._encode_with):
         return summary
     return inner
 local._encode_with = open_model()
-real_quick_exit = cli._quick_exit
-cli._quick_exit = lambda code: (mark("command: done"), real_quick_exit(code))
-cli.console()  # as the console script: its quick exit runs the exit handlers, then ends the process
+if hasattr(cli, "console"):  # as the console script: its quick exit runs the exit handlers, then ends
+    real_quick_exit = cli._quick_exit
+    cli._quick_exit = lambda code: (mark("command: done"), real_quick_exit(code))
+    cli.console()
+try:  # a checkout from before console() (--compare)
+    cli.main()
+except SystemExit as e:
+    mark("command: done")
+    raise
 """
+
+# what pip writes for the console script `gemma4enc` (run as a file: decode workers import it again
+# as their main module, as they do the installed one), calling console() where the checkout has it
+SCRIPT = """import sys
+try:
+    from gemma4enc.commands.cli import console as entry
+except ImportError:  # a checkout from before console() (--compare)
+    from gemma4enc.commands.cli import main as entry
+if __name__ == "__main__":
+    sys.exit(entry())
+"""
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def timed(args: list[str], env: dict) -> dict:
@@ -129,7 +147,7 @@ def encode_args(folder: Path, ckpt: Path, out: Path) -> list[str]:
 def ours(folder: Path, ckpt: Path, work: Path, env: dict, trace: bool = False) -> dict:
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
-    head = [sys.executable, "-c", TRACE] if trace else [sys.executable, "-m", "gemma4enc"]
+    head = [sys.executable, "-c", TRACE] if trace else [sys.executable, str(work / "gemma4enc")]
     result = timed([*head, *encode_args(folder, ckpt, out)], env)
     stdout = result.pop("stdout")
     if trace:
@@ -204,46 +222,60 @@ def main() -> None:
                     help="gemma4enc bench --e2e on the N folder, once at the end")
     ap.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True,
                     help="one photo and the N folder once more, with timestamps inside the process")
+    ap.add_argument("--compare", type=Path, metavar="DIR",
+                    help="another checkout of gemma4enc (e.g. git archive of an earlier commit): its runs are "
+                    "interleaved with this one's, round by round")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    (args.work / "gemma4enc").write_text(SCRIPT)
     ckpt, folder = checkpoint(args.work, args.layers), photos(args.work, args.photos)
     twice = doubled(folder, args.work)
     one = args.work / "one"
     shutil.rmtree(one, ignore_errors=True)
     one.mkdir()
     os.link(sorted(folder.iterdir())[0], one / sorted(folder.iterdir())[0].name)
-    env = dict(os.environ)
+    trees = {"this": ROOT} | ({"compared": args.compare.resolve()} if args.compare else {})
+    envs = {name: os.environ | {"PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+            for name, tree in trees.items()}
     load = os.getloadavg()
-    cases = [("one", lambda: ours(one, ckpt, args.work, env)), ("N", lambda: ours(folder, ckpt, args.work, env)),
-             ("2N", lambda: ours(twice, ckpt, args.work, env))]
+    cases = []
+    for tree, env in envs.items():
+        cases += [((tree, "one"), lambda env=env: ours(one, ckpt, args.work, env)),
+                  ((tree, "N"), lambda env=env: ours(folder, ckpt, args.work, env)),
+                  ((tree, "2N"), lambda env=env: ours(twice, ckpt, args.work, env))]
     if args.baseline:
-        cases.append(("transformers", lambda: baseline(folder, ckpt, env)))
-    runs: dict[str, list] = {}
+        cases.append((("transformers", "N"), lambda: baseline(folder, ckpt, envs["this"])))
+    runs: dict[str, dict[str, list]] = {}
     for r in range(args.rounds):
-        for name, fn in cases[:: 1 if r % 2 == 0 else -1]:  # the order alternates between rounds
-            runs.setdefault(name, []).append(fn())
-            print(f"round {r} {name}: {runs[name][-1]}", flush=True)
-    best = {name: min(rs, key=lambda x: x["wall_s"]) for name, rs in runs.items()}
+        for (tree, name), fn in cases[:: 1 if r % 2 == 0 else -1]:  # the order alternates between rounds
+            runs.setdefault(tree, {}).setdefault(name, []).append(fn())
+            print(f"round {r} {tree} {name}: {runs[tree][name][-1]}", flush=True)
+    tf = runs.get("transformers", {}).get("N")
     report = {"photos": args.photos, "layers": args.layers, "rounds": args.rounds, "cpu_count": os.cpu_count(),
-              "loadavg_before": [round(x, 2) for x in load], "runs": runs,
-              "best": figures(best["one"], best["N"], best["2N"], args.photos, best.get("transformers")),
-              "per_round": [figures(runs["one"][r], runs["N"][r], runs["2N"][r], args.photos,
-                                    runs["transformers"][r] if args.baseline else None)
-                            for r in range(args.rounds)]}
+              "trees": {k: str(v) for k, v in trees.items()}, "loadavg_before": [round(x, 2) for x in load],
+              "runs": runs, "best": {}, "per_round": {}}
+    for tree in trees:
+        by = runs[tree]
+        best = {name: min(rs, key=lambda x: x["wall_s"]) for name, rs in by.items()}
+        report["best"][tree] = figures(best["one"], best["N"], best["2N"], args.photos,
+                                       tf and min(tf, key=lambda x: x["wall_s"]))
+        report["per_round"][tree] = [figures(by["one"][r], by["N"][r], by["2N"][r], args.photos, tf and tf[r])
+                                     for r in range(args.rounds)]
     if args.trace:
         report["trace"] = {}
-        for name, where in (("one", one), ("N", folder)):
-            traced = ours(where, ckpt, args.work, env, trace=True)
-            report["trace"][name] = {"wall_s": traced["wall_s"], "cpu_s": traced["cpu_s"],
-                                     "pipeline_s": traced["pipeline_s"], "parts_s": parts(traced["marks"], traced["wall_s"]),
-                                     "marks": traced["marks"]}
+        for tree, env in envs.items():
+            for name, where in (("one", one), ("N", folder)):
+                traced = ours(where, ckpt, args.work, env, trace=True)
+                report["trace"].setdefault(tree, {})[name] = {
+                    "wall_s": traced["wall_s"], "cpu_s": traced["cpu_s"], "pipeline_s": traced["pipeline_s"],
+                    "parts_s": parts(traced["marks"], traced["wall_s"]), "marks": traced["marks"]}
     if args.overlap:
-        report["overlap"] = overlap(folder, env)
+        report["overlap"] = overlap(folder, envs["this"])
     report["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps({k: report[k] for k in ("best", "per_round", "loadavg_before", "loadavg_after")}, indent=2))
     if args.trace:
-        print(json.dumps({k: v["parts_s"] for k, v in report["trace"].items()}, indent=2))
+        print(json.dumps({t: {k: v["parts_s"] for k, v in by.items()} for t, by in report["trace"].items()}, indent=2))
     if args.overlap:
         print(json.dumps(report["overlap"]))
     if args.json:
