@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from gemma4enc.media.workers import DecodePool
 from gemma4enc.options import Options
 
@@ -119,28 +121,31 @@ def test_a_head_never_mapped_leaves_no_worker(tmp_path):
     assert not [p for p in multiprocessing.active_children() if p.name == "gemma4enc-decode"]
 
 
-def test_the_console_scripts_quick_exit_keeps_the_code_the_output_and_the_exit_handlers(ckpt, tmp_path):
-    """console() ends a process that imported torch without tearing the interpreter down: the exit
-    handlers still run, stdout (piped) and --log-file are complete, a failed file still exits 1,
-    and what only a full teardown would run (an object's __del__ at exit) does not."""
+@pytest.mark.parametrize("entry", ["console", "main"])
+def test_the_console_scripts_quick_exit_keeps_the_code_the_output_and_the_exit_handlers(ckpt, tmp_path, entry):
+    """The console script ends a process that imported torch without tearing the interpreter down:
+    the exit handlers still run, stdout (piped) and --log-file are complete, a failed file still
+    exits 1, and what only a full teardown would run (an object's __del__ at exit) does not.
+    `main`: a script pip wrote when main() was the entry point (an install not redone) does the same."""
     media = tmp_path / "media"
     media.mkdir()
     photo(64, 48, seed=1).save(media / "good.jpg")
     (media / "broken.jpg").write_bytes(b"\xff\xd8\xff" + b"not a jpeg" * 10)
     ran, torn, log = tmp_path / "atexit-ran", tmp_path / "torn-down", tmp_path / "run.log"
-    code = f"""
-import atexit, sys
-atexit.register(lambda: open({str(ran)!r}, "w").write("yes"))
+    script = tmp_path / "bin" / "gemma4enc"  # as pip names it; decode workers import it again, guarded
+    script.parent.mkdir()
+    script.write_text(f"""import atexit, sys
+from gemma4enc.commands.cli import {entry}
 class Teardown:
-    def __del__(self):
-        open({str(torn)!r}, "w").write("yes")
-keep = Teardown()
-sys.argv = ["gemma4enc", "encode", {str(media)!r}, "-o", {str(tmp_path / "out")!r}, "--model", {str(ckpt)!r},
-            "--log-file", {str(log)!r}, *{BASE!r}]
-from gemma4enc.commands.cli import console
-console()
-"""
-    done = child(code)
+    def __del__(self, _open=open):  # bound now: a teardown has removed the builtins by then
+        _open({str(torn)!r}, "w").write("yes")
+if __name__ == "__main__":
+    atexit.register(lambda: open({str(ran)!r}, "w").write("yes"))
+    keep = Teardown()
+    sys.exit({entry}())
+""")
+    argv = ["encode", media, "-o", tmp_path / "out", "--model", ckpt, "--log-file", log, *BASE]
+    done = subprocess.run([sys.executable, str(script), *map(str, argv)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr  # one file failed
     report = json.loads(done.stdout)  # the whole JSON summary reached the pipe
     assert report["encoded"] == 1 and report["failed"] == 1

@@ -23,7 +23,17 @@ __all__ = ["app", "console", "main"]
 
 
 def main() -> None:
-    """Every command maps its errors to EXIT_CODES (see Command); ends in SystemExit, as click does."""
+    """Every command maps its errors to EXIT_CODES (see Command); ends in SystemExit, as click does.
+
+    A console script installed before console() was its entry point calls main(): that one gets
+    console()'s quick way out too (see _stale_script)."""
+    if _stale_script():
+        console()
+        return
+    _run()
+
+
+def _run() -> None:
     # Before torch loads OpenMP: its threads sleep when they run out of work instead of spinning.
     # On a CPU shared with anything else, a spinning thread takes the core its busy sibling needs,
     # and the tower loses far more than the cores it shares (docs/benchmarks.md). A value already
@@ -38,17 +48,26 @@ def main() -> None:
 def console() -> None:
     """The console script and `python -m gemma4enc`: main(), then a quick way out of a process that
     imported torch. Tearing down an interpreter that holds torch (its modules, their objects, the
-    libraries' destructors) takes seconds of CPU and does nothing for the user: everything a
-    command writes is closed by then. So the exit handlers run, stdout and stderr are flushed, and
+    libraries' destructors) is slow (docs/benchmarks.md) and does nothing for the user: everything
+    a command writes is closed by then. So the exit handlers run, stdout and stderr are flushed, and
     the process ends (os._exit). Anything unusual (a thread still running, a flush that fails, an
     exit code that is not a number) takes Python's own way out. In-process callers use main()."""
     try:
-        main()
+        _run()
     except SystemExit as e:
         code = e.code
         if code is None or isinstance(code, int):
             _quick_exit(code or 0)
         raise
+
+
+def _stale_script() -> bool:
+    """This process is the `gemma4enc` script pip wrote when main() was its entry point (an install
+    not redone since): its main module is a file of that name that imported main(). A test or
+    library caller's main module is not, and keeps main()'s SystemExit."""
+    top = sys.modules.get("__main__")
+    name = os.path.basename(getattr(top, "__file__", None) or "")
+    return getattr(top, "main", None) is main and name.removesuffix("-script.py") in ("gemma4enc", "gemma4enc.exe")
 
 
 def _quick_exit(code: int) -> None:
