@@ -130,7 +130,9 @@ def timed(args: list[str], env: dict) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     start = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env | {"FIXED_COST_T0": repr(t0)})
+    # run from the work folder: a checkout in the current folder would shadow PYTHONPATH's (--compare)
+    proc = subprocess.run(args, capture_output=True, text=True, env=env | {"FIXED_COST_T0": repr(t0)},
+                          cwd=env["FIXED_COST_WORK"])
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
@@ -205,7 +207,8 @@ def overlap(folder: Path, env: dict) -> dict:
     """`gemma4enc bench --e2e` on the folder: decode-only, encode-only, end-to-end, interleaved."""
     with_json = Path(folder).parent / "e2e.json"
     subprocess.run([sys.executable, "-m", "gemma4enc", "bench", "--e2e", str(folder), "--device", "cpu",
-                    "--layers", "2", "--json", str(with_json)], check=True, env=env, capture_output=True)
+                    "--layers", "2", "--json", str(with_json)], check=True, env=env, capture_output=True,
+                   cwd=env["FIXED_COST_WORK"])
     report = json.loads(with_json.read_text())
     return {"overlap": round(report["overlap"], 3), "items_per_s": report["items_per_s"]}
 
@@ -227,6 +230,7 @@ def main() -> None:
                     "interleaved with this one's, round by round")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "gemma4enc").write_text(SCRIPT)
     ckpt, folder = checkpoint(args.work, args.layers), photos(args.work, args.photos)
@@ -236,7 +240,8 @@ def main() -> None:
     one.mkdir()
     os.link(sorted(folder.iterdir())[0], one / sorted(folder.iterdir())[0].name)
     trees = {"this": ROOT} | ({"compared": args.compare.resolve()} if args.compare else {})
-    envs = {name: os.environ | {"PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    envs = {name: os.environ | {"PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                                "FIXED_COST_WORK": str(args.work)}
             for name, tree in trees.items()}
     load = os.getloadavg()
     cases = []

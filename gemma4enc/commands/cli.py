@@ -83,4 +83,21 @@ def _quick_exit(code: int) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         return  # Python's exit reports a stream that cannot be written (exit code 120)
+    _end_forkserver()
     os._exit(code)
+
+
+def _end_forkserver() -> None:
+    """The decode workers' forkserver, ended now rather than once it notices we are gone: it holds
+    our stdout and stderr, so whoever reads them (a pipe, $(...)) would wait on its own teardown.
+    Its workers are gone by now (the pool stops them); it holds nothing else."""
+    import signal
+
+    server = getattr(sys.modules.get("multiprocessing.forkserver"), "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)  # private to multiprocessing: looked up with care
+    if isinstance(pid, int) and pid > 0:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
