@@ -167,3 +167,24 @@ except SystemExit as e:
 """
     done = child(code)
     assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "still here 0", done.stderr
+
+
+def test_the_fixed_cost_benchmark_reads_its_figures_as_the_issue_does():
+    """benchmarks/fixed_cost.py: marginal = wall(2N) - wall(N), fixed = wall(N) - marginal,
+    ratio = wall(N) / marginal; the traced parts are the gaps between the moments, then the teardown."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fixed_cost.py"
+    spec = importlib.util.spec_from_file_location("fixed_cost", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    one, n, two = {"wall_s": 3.8, "cpu_s": 4.0}, {"wall_s": 20.4, "cpu_s": 30.0}, {"wall_s": 35.6, "cpu_s": 58.0}
+    fig = bench.figures(one, n, two, 14, {"wall_s": 30.4})
+    assert fig["marginal_N_s"] == 15.2 and fig["fixed_s"] == 5.2 and fig["ratio"] == round(20.4 / 15.2, 3)
+    assert fig["one_photo_fixed_s"] == round(3.8 - 15.2 / 14, 2)
+    assert fig["cpu_marginal_N_s"] == 28.0 and fig["cpu_fixed_s"] == 2.0
+    assert fig["transformers_over_gemma4enc_wall"] == round(30.4 / 20.4, 2)
+    parts = bench.parts([("interpreter up", 0.1, 0.05), ("cli imported", 0.4, 0.3)], 1.0)
+    assert parts == {"process start → interpreter up": 0.1, "interpreter up → cli imported": 0.3,
+                     "cli imported → process gone": 0.6}
