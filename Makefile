@@ -11,7 +11,7 @@ VENV_LOWEST ?= .venv-lowest
 LOWEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py tests/test_vision.py
 
-.PHONY: venv install wheel-check test test-lowest test-torchvision test-vllm bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos demo clean
+.PHONY: venv install wheel-check test test-lowest test-torchvision test-vllm bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos bench-fixed demo clean
 
 # a venv with torch: kept where one is installed, else CUDA's where a GPU answers, else the CPU wheel
 venv:
@@ -85,6 +85,11 @@ bench-rss:
 # re-runs over 100 k and 1 M files that are mostly done (no-op, 1 % changed, inspect, verify, compact)
 bench-photos:
 	$(PY) benchmarks/photos_e2e.py --photos 14 --layers 2 --rounds 2 --json bench-out/photos_e2e.json
+
+# a run's fixed cost: 1, N and 2N photos in fresh processes, interleaved; the ratio N / (2N - N), the
+# transformers loop beside it, the overlap (bench --e2e) and where the time before the first photo went
+bench-fixed:
+	$(PY) benchmarks/fixed_cost.py --photos 14 --layers 2 --rounds 2 --json bench-out/fixed_cost.json
 
 bench-ledger:
 	$(PY) benchmarks/ledger.py --n 100000 --n 1000000 --changed-up-to 100000 --json bench-out/ledger.json

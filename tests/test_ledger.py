@@ -252,7 +252,7 @@ def test_a_fresh_run_starts_its_workers_before_torch_loads_and_closes_them(ckpt,
 
     events = []
     real_start, real_preflight, real_map = workers.DecodePool.start, preflight_module.preflight, workers.DecodePool.map
-    monkeypatch.setattr(workers.DecodePool, "start", lambda pool: events.append("start") or real_start(pool))
+    monkeypatch.setattr(workers.DecodePool, "start", lambda pool, **k: events.append("start") or real_start(pool, **k))
     monkeypatch.setattr(workers.DecodePool, "map", lambda pool, items: events.append("map") or real_map(pool, items))
     monkeypatch.setattr(preflight_module, "preflight", lambda *a, **k: events.append("preflight") or real_preflight(*a, **k))
     media = photos(tmp_path / "media", 2)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from multiprocessing.connection import wait
 from typing import Callable, Iterable, Iterator
 
@@ -246,14 +247,22 @@ class DecodePool:
         self._starter: threading.Thread | None = None
         self._started: list[_Worker] = []
         self._start_error: BaseException | None = None
+        self._early: _Run | None = None  # decoding begun by start(head), for map() to go on with
+        self._head: list[Item] = []
 
-    def start(self) -> DecodePool:
-        """Start the workers now, in the background (while the model loads); map() takes them over."""
+    def start(self, head: Iterable[Item] = ()) -> DecodePool:
+        """Start the workers now, in the background (while torch imports and the model loads); map()
+        takes them over. `head`: the files the run will most likely map() first: the workers begin
+        on them at once, so the first batch is decoded by the time the tower can take it. map()
+        goes on from there if its files begin with these (else what was decoded is dropped)."""
         if self.workers and self._starter is None:
             self._starter = threading.Thread(
                 target=self._start_all, name="gemma4enc-decode-start", daemon=True
             )
             self._starter.start()
+            self._head = list(islice(head, self.ahead))
+            if self._head:
+                self._early = _Run(self, _Plug(self._head))
         return self
 
     def _start_all(self) -> None:
@@ -275,6 +284,9 @@ class DecodePool:
 
     def close(self) -> None:
         """Stop workers that start() began and no map() took (the run ended before it decoded)."""
+        if self._early is not None:
+            self._early.stop()
+            self._early = None
         if self._starter is not None:
             self._starter.join()
             self._starter = None
@@ -286,11 +298,45 @@ class DecodePool:
         if self.workers == 0:
             yield from (self.fn(item, self.options) for item in items)
             return
-        run = _Run(self, iter(items))
+        run, self._early = self._early, None
+        items = iter(items)
+        if run is not None:  # decoding began at start(head): go on if these files begin with those
+            first = list(islice(items, len(self._head)))
+            if first == self._head:
+                run.items.plug(items)
+            else:
+                run.stop()  # its workers go with it; this map() starts its own
+                run, items = None, chain(first, items)
+        if run is None:
+            run = _Run(self, items)
         try:
             yield from run.ordered()
         finally:
             run.stop()
+
+
+PENDING = object()  # what a _Plug gives while its items are still to be plugged in
+
+
+class _Plug:
+    """The files of a map() begun before they were all known: the head at once, the rest once
+    plug() hands them over (until then PENDING, so the workers wait instead of being told the end)."""
+
+    def __init__(self, head: list[Item]):
+        self.head, self.rest = deque(head), None
+
+    def plug(self, rest: Iterator[Item]) -> None:
+        self.rest = rest
+
+    def __iter__(self) -> _Plug:
+        return self
+
+    def __next__(self):
+        if self.head:
+            return self.head.popleft()
+        if self.rest is None:
+            return PENDING
+        return next(self.rest)
 
 
 class _Run:
@@ -373,6 +419,8 @@ class _Run:
                 return
             if w.task is None and self.submitted - self.taken < self.pool.ahead:
                 item = self._next()
+                if item is PENDING:  # a head begun early: the rest is not known yet
+                    return
                 if item is None:
                     with self.cond:
                         self.exhausted = True
@@ -384,14 +432,21 @@ class _Run:
     def _refill(self) -> None:
         while not self.source_done and len(self.ahead_items) < max(1, self.pool.workers):
             item = next(self.items, None)
+            if item is PENDING:
+                return
             if item is None:
                 self.source_done = True
             else:
                 self.ahead_items.append(item)
 
-    def _next(self) -> Item | None:
-        """The next item; as many as there are workers are read ahead, so that the last ones are known."""
-        item = self.ahead_items.popleft() if self.ahead_items else None
+    def _next(self):
+        """The next item, None at the end, or PENDING (a _Plug's rest not plugged in yet); as many
+        as there are workers are read ahead, so that the last ones are known."""
+        if not self.ahead_items:
+            self._refill()
+        if not self.ahead_items:
+            return None if self.source_done else PENDING
+        item = self.ahead_items.popleft()
         self._refill()
         return item
 

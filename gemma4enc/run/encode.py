@@ -308,14 +308,15 @@ def _watched(bar, stream):
 def early_pool(items: list[Item], options: Options, rerun: bool):
     """Decode workers started before preflight imports torch (seconds), for a run that surely has work:
     a new or --overwrite output folder (no settings yet, so no rows to match) and files to encode,
-    on the local engine. The first photo is then decoded by the time the model has loaded.
-    Prefrerun changes only the model path and dtype, which decoding does not read. A re-run
+    on the local engine. They begin at once on the first of `items` (the files such a run does
+    first), so the first batch is decoded by the time the model has loaded (docs/benchmarks.md).
+    Preflight changes only the model path and dtype, which decoding does not read. A re-run
     (settings there) may have nothing to do: its workers start in the engine, once todo is known."""
     if rerun or not items or options.engine != "local" or options.workers == 0:
         return None
     from ..media.workers import DecodePool
 
-    return DecodePool(options, options.workers, options.decode_timeout).start()
+    return DecodePool(options, options.workers, options.decode_timeout).start(head=items)
 
 
 @contextlib.contextmanager

@@ -65,6 +65,7 @@ def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
         raise
     finally:
         progress.close()
+    writer.close()  # all is on disk (the pipeline flushed); its thread ends now, not at exit
     facts, verdict = where_time_went(summary, pool.workers)
     if verdict:
         run.log(verdict)
