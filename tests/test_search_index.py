@@ -152,3 +152,36 @@ def test_partitioned_pairs_recall(data):
     dedup.find_groups(cache, 0.9, "partitioned", k=100, boundary=-1, pairs_out=none)
     alone = pairs(none)
     assert alone <= got  # the boundary guests only add pairs
+
+
+def test_the_cache_lives_beside_the_shards_on_a_store(tmp_path, data, monkeypatch):
+    """On an s3:// OUT (moto on loopback) the cache is uploaded once built, fetched and used as it
+    is by the next search, and read on when a run adds a manifest part."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from .helpers import loopback_s3
+
+    vectors, _ = data
+    local = tmp_path / "local"
+    append_shard(local, vectors[:3_000], range(3_000))
+    with loopback_s3("index-bucket") as (fs, _):
+        fs.put(f"{local}/", "index-bucket/out/", recursive=True)
+        url = "s3://index-bucket/out"
+        with search_module.Searcher(url) as searcher:
+            assert searcher.cache.n == 3_000
+        fs.invalidate_cache()
+        held = {p.rsplit("/", 1)[1] for p in fs.find("index-bucket/out")}
+        assert {vecstore.META, vecstore.VECTORS, vecstore.ROWS, vecstore.PATHS} <= held
+        monkeypatch.setattr(vecstore, "_build", lambda *a: pytest.fail("built again"))
+        with search_module.Searcher(url) as searcher:
+            assert searcher.nearest(path_of(5), k=1)[0][0] == path_of(5)
+        more = tmp_path / "more"
+        append_shard(more, vectors[3_000:3_500], range(3_000, 3_500))  # what a run adds: a shard, a part
+        fs.put(str(more / "shard-000000.safetensors"), "index-bucket/out/shard-000001.safetensors")
+        part = (more / "manifest.jsonl").read_bytes().replace(b"shard-000000", b"shard-000001")
+        fs.pipe("index-bucket/out/manifest.parts/000000000000-test.jsonl", part)
+        with search_module.Searcher(url) as searcher:
+            assert searcher.cache.n == 3_500 and searcher.nearest(path_of(3_400), k=1)[0][0] == path_of(3_400)
+        monkeypatch.setattr(vecstore, "_append", lambda *a: pytest.fail("read on again"))
+        with search_module.Searcher(url) as searcher:  # the store's cache was updated too
+            assert searcher.cache.n == 3_500
