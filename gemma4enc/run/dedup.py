@@ -89,9 +89,12 @@ def kmeans(sample: np.ndarray, k: int, iters: int = KMEANS_ITERS, seed: int = 0)
     for _ in range(iters):
         assign = np.concatenate([np.argmax(sample[lo: lo + TILE] @ centroids.T, 1)
                                  for lo in range(0, len(sample), TILE)])
-        sums = np.zeros_like(centroids)
-        np.add.at(sums, assign, sample)
+        order = np.argsort(assign, kind="stable")  # members of each centroid together: one reduceat
         counts = np.bincount(assign, minlength=k)
+        sums = np.zeros_like(centroids)
+        starts = np.r_[0, np.cumsum(counts)[:-1]]
+        full = counts > 0
+        sums[full] = np.add.reduceat(sample[order], starts[full], axis=0)
         empty = counts == 0
         sums[empty] = sample[rng.choice(len(sample), int(empty.sum()), replace=False)]
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
