@@ -93,11 +93,12 @@ class Cache:
 
     def find(self, path: str) -> int:
         """The live id of `path`, or -1."""
-        if self._order is None:
+        if self._order is None:  # built on the first lookup: 16 bytes an id, small beside the vectors
             self._order = np.argsort(self.rows["hash"], kind="stable")
+            self._sorted = self.rows["hash"][self._order]
         hashes = self.rows["hash"]
         h = np.uint64(path_hash(path))
-        lo = int(np.searchsorted(hashes[self._order], h))  # sorted view built on demand; small beside the vectors
+        lo = int(np.searchsorted(self._sorted, h))
         while lo < self.n and hashes[self._order[lo]] == h:
             i = int(self._order[lo])
             if not self.dead[i] and self.path(i) == path:
@@ -300,14 +301,15 @@ def _finish(folder: Path, out: Path, rows: np.ndarray, dim: int, end: int, ino: 
     if spec["kind"] == "ivfpq":
         if index is None:
             with open(folder / VECTORS, "rb") as f:
-                vectors = np.frombuffer(mmap.mmap(f.fileno(), n * dim * 2, access=mmap.ACCESS_READ),
-                                        np.float16).reshape(n, dim)
+                mapped = mmap.mmap(f.fileno(), n * dim * 2, access=mmap.ACCESS_READ)
+            vectors = np.frombuffer(mapped, np.float16).reshape(n, dim)
             live = np.flatnonzero(~rows["dead"])
             want = min(len(live), max(spec["nlist"] * ann.TRAIN_PER_LIST, ann.TRAIN_MIN))
             sample = np.sort(np.random.default_rng(0).choice(live, want, replace=False))
             index = ann.build(spec, dim, vectors[sample].astype(np.float32))
             for lo in range(0, n, 1 << 16):
                 index.add(vectors[lo: lo + (1 << 16)].astype(np.float32))
+                mapped.madvise(mmap.MADV_DONTNEED)  # read once: not held as resident memory
         faiss = ann.faiss_or_none()
         atomic_write(folder / FAISS, lambda tmp: faiss.write_index(index, str(tmp)))
         faiss_bytes = (folder / FAISS).stat().st_size
@@ -402,6 +404,7 @@ def _compact(cache: Cache, folder: Path, out: Path) -> None:
         for lo in range(0, len(live), CHUNK):
             ids = live[lo: lo + CHUNK]
             v.write(np.ascontiguousarray(cache.vectors[ids]).tobytes())
+            cache.release()
             for j, i in enumerate(ids.tolist()):
                 name = bytes(cache._paths_map[cache.rows["start"][i]:cache.rows["stop"][i]])
                 p.write(name)
