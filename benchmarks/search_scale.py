@@ -142,6 +142,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=200)
     parser.add_argument("--dups-n", type=int, default=100_000)
     parser.add_argument("--skip-full-dups", action="store_true")
+    parser.add_argument("--only-subset", action="store_true", help="only step 4 (the --dups-n folder)")
     parser.add_argument("--work", type=Path, default=Path("bench-out/search"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--pairs-worker", nargs=4, help=argparse.SUPPRESS)
@@ -160,6 +161,12 @@ def main() -> None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report, indent=2, default=str))
 
+    if not args.only_subset:
+        whole(args, note)
+    subset(args, note)
+
+
+def whole(args, note) -> None:
     out = (args.work / f"out-{args.n}-{args.dim}").resolve()
     start = time.perf_counter()
     make_folder(out, args.n, args)
@@ -174,11 +181,14 @@ def main() -> None:
     if not args.skip_full_dups:
         note(f"duplicates, all {args.n:,} (auto)", timed([*CLI, "search", str(out), "--duplicates", "--threshold",
                                                           str(args.threshold), "--drop-list", "/dev/null", "-q"]))
+
+
+def subset(args, note) -> None:
     small = (args.work / f"out-{args.dups_n}-{args.dim}").resolve()
     make_folder(small, args.dups_n, args)
     timed([*CLI, "search", str(small), path_of(7), "-q"])  # its cache built (not timed below)
     found = {}
-    for method in ("exact", "partitioned"):
+    for method in ("partitioned", "exact"):
         dest = args.work / f"pairs-{method}.npy"
         note(f"duplicates, {args.dups_n:,}, {method}",
              timed([sys.executable, __file__, "--pairs-worker", str(small), method, str(args.threshold), str(dest)]))
