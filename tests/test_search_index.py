@@ -185,3 +185,34 @@ def test_the_cache_lives_beside_the_shards_on_a_store(tmp_path, data, monkeypatc
         monkeypatch.setattr(vecstore, "_append", lambda *a: pytest.fail("read on again"))
         with search_module.Searcher(url) as searcher:  # the store's cache was updated too
             assert searcher.cache.n == 3_500
+
+
+def test_a_folder_that_cannot_be_written_gets_the_cache_elsewhere(tmp_path, data, monkeypatch):
+    vectors, _ = data
+    out = tmp_path / "out"
+    append_shard(out, vectors[:500], range(500))
+    real = vecstore._locked
+
+    def locked(folder):  # the tests run as root, whom no permission stops: the refusal is made here
+        if folder == out:
+            raise PermissionError(13, "Permission denied")
+        return real(folder)
+
+    monkeypatch.setattr(vecstore, "_locked", locked)
+    said = []
+    with search_module.Searcher(out, log=said.append) as searcher:
+        assert searcher.cache.folder != out and searcher.cache.live == 500
+        assert searcher.nearest(path_of(3), k=1)[0][0] == path_of(3)
+    assert not (out / vecstore.META).exists() and "not cached" in said[0]
+
+
+def test_every_file_gone(tmp_path, data):
+    vectors, _ = data
+    out = tmp_path / "out"
+    append_shard(out, vectors[:200], range(200))
+    search_module.Searcher(out).close()
+    append_shard(out, vectors[:0], range(200), status="error")  # every latest row failed
+    with search_module.Searcher(out) as searcher:
+        assert searcher.cache.live == 0 and searcher.nearest_vector(vectors[0], k=3) == []
+        found, _ = dedup.find_groups(searcher.cache, 0.5)
+        assert found == []

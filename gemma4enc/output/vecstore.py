@@ -26,8 +26,10 @@ import hashlib
 import json
 import mmap
 import os
+import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +115,8 @@ class Cache:
         """(scores, ids), (len(queries), min(k, live)), best first, ties by id; exact cosines."""
         queries = np.ascontiguousarray(queries, np.float32)
         k = min(k, self.live)
+        if k < 1:  # every file gone: no hit
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         if self.index is not None:
             return ann.ivf_search(self.index, self.spec, self.vectors, self.dead, queries, k, nprobe)
         return ann.flat_search(self.vectors, self.dead, queries, k)
@@ -143,6 +147,7 @@ def open_cache(out, log=lambda message: None, rebuild: bool = False) -> Cache:
         log(f"the search index is not cached in {out} ({e.strerror or e}); it is built again next time")
         folder = Path(tempfile.mkdtemp(prefix="gemma4enc-index-"))
         cache, changed = _current(out, folder, log, True)
+        weakref.finalize(cache, shutil.rmtree, folder, True)  # removed with the cache
     if mirror is not None and changed:
         _push(mirror)
     return cache
