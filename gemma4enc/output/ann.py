@@ -18,6 +18,7 @@ import numpy as np
 
 FLAT_BYTES = 256 << 20  # float16 vectors scanned whole per query batch up to this size
 MEMORY = 1 << 30  # what an ivfpq index (codes + ids) may take
+MIN_CODE = 16  # bytes a vector at the least, whatever the bound (fewer: the candidates miss too much)
 BLOCK = 1 << 15  # rows scored at once by the flat scan
 REFINE = 10  # candidates per wanted hit that the IVF index proposes for exact re-ranking
 TRAIN_PER_LIST = 40  # training vectors per IVF list (faiss warns under 39)
@@ -40,7 +41,8 @@ def choose(n: int, dim: int, memory: int | None = None, flat_bytes: int | None =
     nlist = 1 << max(4, min(16, round(math.log2(math.sqrt(n)))))  # 1 M → 1024, 100 M → 16384
     nlist = min(nlist, n // TRAIN_PER_LIST)
     widths = [m for m in (64, 48, 32, 24, 16, 12, 8, 4, 2, 1) if dim % m == 0 and dim // m >= 4]
-    m = next((m for m in widths if n * (m + 8) <= memory), widths[-1] if widths else 1)
+    floor = [m for m in widths if m >= MIN_CODE] or widths[:1] or [1]
+    m = next((m for m in widths if n * (m + 8) <= memory and m >= floor[-1]), floor[-1])
     return {"kind": "ivfpq", "nlist": nlist, "m": m, "nprobe": max(8, nlist // 16), "trained_n": n}
 
 
