@@ -92,6 +92,7 @@ def test_duplicates_are_the_copies(folder, tmp_path):
     assert json.loads(cli(out, "--duplicates", "--threshold", "1.5", "--json", code=2).stdout)["exit_code"] == 2
     cli(out, "--duplicates", "--keep", "best", code=2)
     cli(out, "--duplicates", "--method", "magic", code=2)
+    cli(out, "--duplicates", "--engine", "spark", code=2)
 
 
 def test_the_index_is_cached_and_read_on_as_out_grows(folder, tmp_path, monkeypatch):

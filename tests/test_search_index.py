@@ -216,3 +216,19 @@ def test_every_file_gone(tmp_path, data):
         assert searcher.cache.live == 0 and searcher.nearest_vector(vectors[0], k=3) == []
         found, _ = dedup.find_groups(searcher.cache, 0.5)
         assert found == []
+
+
+def test_partitions_on_ray_find_what_local_finds(data, monkeypatch):
+    """A private Ray on loopback compares the partitions: the very pairs the local pass finds."""
+    pytest.importorskip("ray")
+    from gemma4enc.run.ray import connect
+
+    vectors, _ = data
+    cache = _Vectors(vectors[:6_000])
+    local, remote = [], []
+    dedup.find_groups(cache, 0.9, "partitioned", k=40, pairs_out=local)
+    monkeypatch.setattr(dedup, "RAY_BATCH", 500)  # many tasks, more than run at once
+    with connect(None) as ray:
+        dedup.find_groups(cache, 0.9, "partitioned", k=40, pairs_out=remote, ray=ray)
+    pairs = lambda found: {(min(a, b), max(a, b)) for x, y in found for a, b in zip(x.tolist(), y.tolist())}  # noqa: E731
+    assert pairs(remote) == pairs(local) and len(pairs(local)) > 0

@@ -249,6 +249,13 @@ def search(
         typer.Option("--method", help="--duplicates: exact (every pair), partitioned (k-means, then exact "
                      "inside each partition) or auto (exact while it is small)."),
     ] = "auto",
+    engine: Annotated[
+        str, typer.Option("--engine", help="--duplicates: where partitions are compared: local, or ray.")
+    ] = "local",
+    ray_address: Annotated[
+        Optional[str], typer.Option("--ray-address", help="--engine ray: a running cluster (auto or HOST:PORT); "
+                                    "default: a private Ray on this machine.")
+    ] = None,
     device: Annotated[
         str, typer.Option(help="Where files OUT lacks are encoded: auto, cpu, cuda, cuda:N or mps.")
     ] = "auto",
@@ -267,7 +274,8 @@ def search(
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
     if dups:
         with local_out(out, need=True) as folder:
-            report = duplicates(folder, threshold, log=say, method=method, keep=keep) | {"out": str(out)}
+            report = duplicates(folder, threshold, log=say, method=method, keep=keep, engine=engine,
+                                ray_address=ray_address) | {"out": str(out)}
         if groups_to is not None:
             write_groups(groups_to, report["groups"])
         if drop_list is not None:

@@ -120,7 +120,7 @@ def assign2(vectors, ids: np.ndarray, centroids: np.ndarray, release=lambda: Non
 
 
 def partitioned_pairs(vectors, ids: np.ndarray, threshold: float, k: int | None = None,
-                      boundary: float = BOUNDARY, release=lambda: None, log=lambda m: None):
+                      boundary: float = BOUNDARY, release=lambda: None, log=lambda m: None, ray=None):
     """Pairs found inside k-means partitions (and for boundary guests, in their second one)."""
     n = len(ids)
     k = k or max(1, min(n // 2, round(math.sqrt(n))))
@@ -135,24 +135,82 @@ def partitioned_pairs(vectors, ids: np.ndarray, threshold: float, k: int | None 
     g_order = np.flatnonzero(guest)[np.argsort(second[guest], kind="stable")]
     g_parts = second[g_order]
     log(f"duplicates: {int(guest.sum()):,} vectors near a boundary also compared in their second partition")
+    parts = []
     for members in np.split(order, cuts):
         p = first[members[0]]
-        members = ids[np.sort(members)]
-        yield from exact_pairs(vectors, members, threshold)
         a, b = np.searchsorted(g_parts, [p, p + 1])
-        guests = ids[np.sort(g_order[a:b])]
-        if len(guests):
-            x = np.asarray(vectors[members], np.float32)
-            for lo in range(0, len(guests), TILE):
-                y = np.asarray(vectors[guests[lo: lo + TILE]], np.float32)
-                for i, j in tile_edges(y, x, threshold):
-                    yield guests[lo + i], members[j]
+        parts.append((ids[np.sort(members)], ids[np.sort(g_order[a:b])]))
+    if ray is not None:
+        yield from _on_ray(ray, vectors, parts, threshold, release, log)
+        return
+    for members, guests in parts:
+        yield from partition_pairs(vectors, members, guests, threshold)
         release()
 
 
+def partition_pairs(vectors, members: np.ndarray, guests: np.ndarray, threshold: float):
+    """One partition's pairs: members with each other, guests with the members."""
+    yield from exact_pairs(vectors, members, threshold)
+    if len(guests):
+        x = np.asarray(vectors[members], np.float32)
+        for lo in range(0, len(guests), TILE):
+            y = np.asarray(vectors[guests[lo: lo + TILE]], np.float32)
+            for i, j in tile_edges(y, x, threshold):
+                yield guests[lo + i], members[j]
+
+
+RAY_BATCH = 8192  # vectors a Ray task is sent (members and guests of whole partitions): 25 MB at 1536
+RAY_TASK_S = 1800  # a task still running after this is reported, not waited for
+
+
+def _ray_task(batch, threshold: float):
+    """On a Ray worker: the pairs of a batch of partitions, each given as (ids, rows) of members and guests."""
+    found = []
+    for (members, m_rows), (guests, g_rows) in batch:
+        rows, ids = np.concatenate([m_rows, g_rows]), np.concatenate([members, guests])
+        local = np.arange(len(rows))
+        for a, b in partition_pairs(rows, local[: len(members)], local[len(members):], threshold):
+            found.append((ids[a], ids[b]))
+    return found
+
+
+def _on_ray(ray, vectors, parts, threshold: float, release, log):
+    """The partitions compared as Ray tasks (the vectors sent with them: no shared disk needed), at
+    most twice the cluster's CPUs in flight, each bounded by RAY_TASK_S."""
+    task = ray.remote(num_cpus=1, max_retries=2)(_ray_task)
+    limit = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    pending, batch, size = [], [], 0
+
+    def send():
+        pending.append(task.remote([((m, np.asarray(vectors[m])), (g, np.asarray(vectors[g]))) for m, g in batch],
+                                   threshold))
+        release()
+
+    def drain(until: int):
+        while len(pending) > until:
+            done, _ = ray.wait(pending, num_returns=1, timeout=RAY_TASK_S)
+            if not done:
+                raise UsageError(f"a Ray task comparing partitions ran past {RAY_TASK_S} s; stopped")
+            pending.remove(done[0])
+            yield from ray.get(done[0])
+
+    for members, guests in parts:
+        batch.append((members, guests))
+        size += len(members) + len(guests)
+        if size >= RAY_BATCH:
+            send()
+            batch, size = [], 0
+            yield from drain(limit)
+    if batch:
+        send()
+    log(f"duplicates: partitions compared on Ray ({limit} tasks at a time)")
+    yield from drain(0)
+
+
 def find_groups(cache, threshold: float, method: str = "auto", k: int | None = None,
-                boundary: float = BOUNDARY, log=lambda m: None, pairs_out: list | None = None):
-    """(groups as arrays of ids, the method used). `pairs_out`: a list the (a, b) arrays go to."""
+                boundary: float = BOUNDARY, log=lambda m: None, pairs_out: list | None = None, ray=None):
+    """(groups as arrays of ids, the method used). `pairs_out`: a list the (a, b) arrays go to;
+    `ray`: the connected ray module, to compare the partitions on its cluster."""
     ids = cache.live_ids()
     if method == "auto":
         method = "exact" if len(ids) ** 2 * cache.dim <= EXACT_FLOP else "partitioned"
@@ -160,7 +218,7 @@ def find_groups(cache, threshold: float, method: str = "auto", k: int | None = N
     if method == "exact":
         found = exact_pairs(cache.vectors, ids, threshold)
     elif method == "partitioned":
-        found = partitioned_pairs(cache.vectors, ids, threshold, k, boundary, release, log)
+        found = partitioned_pairs(cache.vectors, ids, threshold, k, boundary, release, log, ray)
     else:
         raise UsageError(f"--method {method}: use auto, exact or partitioned")
     uf = UnionFind(cache.n)

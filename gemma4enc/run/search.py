@@ -196,17 +196,31 @@ class _NoBar:
 
 
 def duplicates(out, threshold: float = 0.98, log=lambda message: None, method: str = "auto",
-               keep: str = "first", partitions: int | None = None, boundary: float = dedup.BOUNDARY) -> dict:
+               keep: str = "first", partitions: int | None = None, boundary: float = dedup.BOUNDARY,
+               engine: str = "local", ray_address: str | None = None) -> dict:
     """Groups of files whose pooled vectors are within `threshold` cosine of another in the group
     (linked: a near b and b near c puts a, b, c together), each with the file `keep` keeps first
     and the rest to drop."""
     if not -1 <= threshold <= 1:
         raise UsageError(f"--threshold {threshold}: a cosine, in [-1, 1]")
+    if engine not in ("local", "ray"):
+        raise UsageError(f"--engine {engine}: use local or ray")
     if keep not in dedup.POLICIES:
         raise UsageError(f"--keep {keep}: use one of {', '.join(dedup.POLICIES)}")
     with Searcher(out, log=log) as searcher:
         cache = searcher.cache
-        found, used = dedup.find_groups(cache, threshold, method, partitions, boundary, log)
+        if method == "auto":
+            method = "exact" if cache.live ** 2 * cache.dim <= dedup.EXACT_FLOP else "partitioned"
+        if engine == "ray" and method == "partitioned":
+            from .ray import connect
+
+            on_ray = connect(ray_address)
+        else:
+            if engine == "ray":
+                log("duplicates: exact comparison runs here; Ray compares partitions (--method partitioned)")
+            on_ray = contextlib.nullcontext(None)
+        with on_ray as ray:
+            found, used = dedup.find_groups(cache, threshold, method, partitions, boundary, log, ray=ray)
         rng = np.random.default_rng(0)
         groups = []
         for number, members in enumerate(found):
