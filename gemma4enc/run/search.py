@@ -24,7 +24,7 @@ from ..output.vecstore import open_cache
 from ..output.vectors import records
 from . import dedup
 
-QUERY_BLOCK = 1024  # queries searched at once
+QUERY_BLOCK = 256  # queries searched at once (their candidates' float32 vectors: ~150 MB at width 1536)
 
 
 def unit(vectors: np.ndarray) -> np.ndarray:
@@ -42,8 +42,9 @@ class Searcher:
             s.nearest_vector(v, k=5)       # any (D,) vector
     """
 
-    def __init__(self, out, device: str = "auto", log=lambda message: None, rebuild: bool = False):
-        self.out, self.device, self.log = out, device, log
+    def __init__(self, out, device: str = "auto", log=lambda message: None, rebuild: bool = False,
+                 nprobe: int | None = None):
+        self.out, self.device, self.log, self.nprobe = out, device, log, nprobe  # nprobe: IVF lists searched
         self._stack = contextlib.ExitStack()
         try:
             self.folder = self._stack.enter_context(local_out(out, need=True))
@@ -72,7 +73,7 @@ class Searcher:
         return [(h["path"], h["score"]) for h in report["results"][0]["hits"]]
 
     def nearest_vector(self, vector, k: int = 10) -> list[tuple[str, float]]:
-        scores, ids = self.cache.search(unit(np.atleast_2d(vector)), k)
+        scores, ids = self.cache.search(unit(np.atleast_2d(vector)), k, self.nprobe)
         return [(self.cache.path(i), float(s)) for s, i in zip(scores[0], ids[0].tolist()) if i >= 0]
 
     def query(self, files: list[str], k: int = 10, bar=None) -> dict:
@@ -105,7 +106,7 @@ class Searcher:
         results = []
         for lo in range(0, len(names), QUERY_BLOCK):
             batch = names[lo: lo + QUERY_BLOCK]
-            scores, ids = cache.search(np.stack([queries[f] for f in batch]), k)
+            scores, ids = cache.search(np.stack([queries[f] for f in batch]), k, self.nprobe)
             for f, row_s, row_i in zip(batch, scores, ids):
                 hits = [(float(s), i) for s, i in zip(row_s, row_i.tolist()) if i >= 0]
                 if f in own:  # itself first, even among exact copies of it (equal scores)
