@@ -57,3 +57,8 @@ def test_gemma_and_retrieval_snippets(workdir, monkeypatch, capsys):
     assert found["paths"][found["top"][0]].endswith("media/cat.jpg") and found["scores"].max() == pytest.approx(1)
     assert len(found["keys"]) == 2 + 3 and found["frames"].shape == (5, found["vectors"].shape[1])
     assert "media/cat.jpg" in capsys.readouterr().out
+    searcher: dict = {}
+    exec(compile(snippet("searcher", SEARCH), "docs/search.md:searcher", "exec"), searcher)
+    assert searcher["nearest"][0][1] == pytest.approx(1, abs=2e-3)
+    first = capsys.readouterr().out.splitlines()[0].split()
+    assert first[0] == "1.000" and first[1].endswith("media/cat.jpg")

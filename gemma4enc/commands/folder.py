@@ -239,9 +239,14 @@ def search(
     files: Annotated[
         Optional[list[str]],
         typer.Argument(
-            help="Files to find the nearest of: looked up in OUT, or encoded with OUT's settings and model.",
+            help="Files (or folders of them) to find the nearest of: looked up in OUT, or encoded with "
+            "OUT's settings and model.",
             show_default=False,
         ),
+    ] = None,
+    files_from: Annotated[
+        Optional[str],
+        typer.Option("--files-from", help="Also the files (or folders) listed in this file, one a line; - for stdin."),
     ] = None,
     k: Annotated[
         int,
@@ -251,7 +256,7 @@ def search(
     ] = 10,
     dups: Annotated[
         bool,
-        typer.Option("--duplicates", help="Instead: list the groups of near-duplicate files in OUT."),
+        typer.Option("--duplicates", help="Instead: the groups of near-duplicate files in OUT."),
     ] = False,
     threshold: Annotated[
         float,
@@ -259,38 +264,74 @@ def search(
             "--threshold", help="--duplicates: the cosine two files' pooled vectors reach to be grouped."
         ),
     ] = 0.98,
+    keep: Annotated[
+        str,
+        typer.Option("--keep", help="--duplicates: which file of a group is kept: first (in OUT), largest, "
+                     "smallest, newest, oldest, central (most like the rest) or random."),
+    ] = "first",
+    groups_to: Annotated[
+        Optional[Path],
+        typer.Option("--groups", help="--duplicates: write the groups here, as .jsonl or .parquet."),
+    ] = None,
+    drop_list: Annotated[
+        Optional[str],
+        typer.Option("--drop-list", help="--duplicates: write the paths to drop here, one a line (- for stdout)."),
+    ] = None,
+    method: Annotated[
+        str,
+        typer.Option("--method", help="--duplicates: exact (every pair), partitioned (k-means, then exact "
+                     "inside each partition) or auto (exact while it is small)."),
+    ] = "auto",
+    engine: Annotated[
+        str, typer.Option("--engine", help="--duplicates: where partitions are compared: local, or ray.")
+    ] = "local",
+    ray_address: Annotated[
+        Optional[str], typer.Option("--ray-address", help="--engine ray: a running cluster (auto or HOST:PORT); "
+                                    "default: a private Ray on this machine.")
+    ] = None,
     device: Annotated[
         str, typer.Option(help="Where files OUT lacks are encoded: auto, cpu, cuda, cuda:N or mps.")
     ] = "auto",
     json_out: Json = False,
     quiet: Quiet = False,
 ):
-    """Nearest files by cosine of pooled vectors (a faiss index cached in OUT, or numpy), or near-duplicates."""
-    from ..run.search import duplicates
-    from ..run.search import search as find
+    """Nearest files by cosine of pooled vectors (an index cached in OUT), or groups of near-duplicates."""
+    from ..run.dedup import write_groups
+    from ..run.search import Searcher, duplicates, query_files
 
-    if dups == bool(files):
-        raise UsageError("give FILES to search for, or --duplicates (not both)")
+    wanted = query_files(files, files_from) if (files or files_from) else []
+    if dups == bool(files or files_from):
+        raise UsageError("give FILES (or --files-from) to search for, or --duplicates (not both)")
+    if not dups and not wanted:
+        raise UsageError("no file to search for: the folders and --files-from listed none")
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
     if dups:
         with local_out(out, need=True) as folder:
-            report = duplicates(folder, threshold, log=say) | {"out": str(out)}
+            report = duplicates(folder, threshold, log=say, method=method, keep=keep, engine=engine,
+                                ray_address=ray_address) | {"out": str(out)}
+        if groups_to is not None:
+            write_groups(groups_to, report["groups"])
+        if drop_list is not None:
+            dropped = "".join(p + "\n" for g in report["groups"] for p in g["drop"])
+            if drop_list == "-":
+                typer.echo(dropped, nl=False)
+            else:
+                Path(drop_list).write_text(dropped, errors="surrogateescape")
         if json_out:
             typer.echo(json.dumps(report, indent=2))
-        else:
-            typer.echo("\n\n".join("\n".join(group) for group in report["groups"]))
-            say(
-                f"{len(report['groups'])} group(s) of {sum(map(len, report['groups']))} files at cosine ≥ {threshold}"
-            )
+        elif drop_list != "-":
+            typer.echo("\n\n".join("\n".join(group["members"]) for group in report["groups"]))
+        say(f"{len(report['groups'])} group(s) of {sum(g['size'] for g in report['groups'])} files at cosine "
+            f"≥ {threshold} ({report['method']}); {sum(len(g['drop']) for g in report['groups'])} to drop")
         return
     Options(device=device)  # a bad --device is refused before the index is read
-    with local_out(out, need=True) as folder:
-        report = find(folder, files, k, device, bar=lambda n: Bar(n, True), log=say) | {"out": str(out)}
+    with Searcher(out, device, log=say) as searcher:
+        report = searcher.query(wanted, k, bar=lambda n: Bar(n, True)) | {"out": str(out)}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
         for result in report["results"]:
-            if len(files) > 1:
+            if len(wanted) > 1:
                 typer.echo(f"{result['file']}:")
             typer.echo("\n".join(f"{hit['score']:.4f}  {hit['path']}" for hit in result["hits"]))
     for failure in report["failed"]:

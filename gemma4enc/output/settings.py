@@ -14,7 +14,10 @@ from .ledger import Ledger
 from .repair import repair as _local_repair
 
 SETTINGS = "settings.json"  # OUT's record of the settings that shape the output
-SEARCH_INDEX = ("search-index.faiss", "search-index.json")  # search's cache (search.py names them too)
+SEARCH_INDEX = (  # search's cache (output/vecstore.py names them too)
+    "search-index.json", "search-index.vectors", "search-index.rows.npy", "search-index.paths",
+    "search-index.faiss", "search-index.lock",
+)
 
 
 def read_settings(out: Path) -> dict | None:

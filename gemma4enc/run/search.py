@@ -1,16 +1,15 @@
 """Nearest files by cosine of the pooled vectors, and groups of near-duplicates (`gemma4enc search`).
 
-The index is every latest ok row's pooled vector (vectors.records), L2-normalised, in float32.
-With faiss installed it is an exact inner-product index (IndexFlatIP), saved in OUT and used
-again while the manifest is unchanged; without faiss the same matrix is searched with numpy.
-Both are exact: the same files, in the same order, with the same scores up to float32 rounding.
+The vectors and their index live in OUT's search cache (output/vecstore.py: float16 unit vectors,
+exact while small, IVF-PQ re-ranked exactly past that, kept current as OUT grows). `Searcher`
+holds it open for many queries; `search()` and `duplicates()` are what the command runs.
 A file OUT does not hold, or holds for an older version of it (size or mtime changed), is
 encoded with OUT's own settings.json, through encode's own pipeline, into a temporary folder.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -18,23 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
-from ..output.files import MANIFEST, atomic_write, not_an_output
+from ..output.mirror import local_out
 from ..output.npreader import NumpyEmbeddings, key_of
-from ..output.settings import SEARCH_INDEX, SETTINGS, read_settings
-from ..output.vectors import hidden_size, placed, records
+from ..output.settings import SETTINGS, read_settings
+from ..output.vecstore import open_cache
+from ..output.vectors import records
+from . import dedup
 
-INDEX, KEYS = (
-    SEARCH_INDEX  # OUT's cached faiss index, and beside it the paths of its rows (--overwrite removes them)
-)
-BLOCK = 1024  # query rows scored at once for --duplicates (BLOCK × N scores in memory)
-
-
-def _faiss():
-    try:
-        import faiss
-    except ImportError:
-        return None
-    return faiss
+QUERY_BLOCK = 256  # queries searched at once (their candidates' float32 vectors: ~150 MB at width 1536)
 
 
 def unit(vectors: np.ndarray) -> np.ndarray:
@@ -44,212 +34,131 @@ def unit(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.where(norms > 0, norms, 1)
 
 
-class Index:
-    """OUT's pooled vectors, searchable: `search(queries, k)`, `pairs(threshold)`."""
+class Searcher:
+    """OUT's index, open for many searches (a store OUT's mirror too, until `close()`).
 
-    def __init__(self, paths: list[str], matrix: np.ndarray | None, faiss_index=None):
-        self.paths, self.matrix, self.faiss = paths, matrix, faiss_index
-        self.backend = "faiss" if faiss_index is not None else "numpy"
+        with Searcher("embeddings") as s:
+            s.nearest("cat.jpg", k=5)      # [(path, score), ...], itself first when OUT holds it
+            s.nearest_vector(v, k=5)       # any (D,) vector
+    """
+
+    def __init__(self, out, device: str = "auto", log=lambda message: None, rebuild: bool = False,
+                 nprobe: int | None = None):
+        self.out, self.device, self.log, self.nprobe = out, device, log, nprobe  # nprobe: IVF lists searched
+        self._stack = contextlib.ExitStack()
+        try:
+            self.folder = self._stack.enter_context(local_out(out, need=True))
+            self.cache = open_cache(self.folder, log, rebuild)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def __enter__(self) -> Searcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stack.close()
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return self.cache.live
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, row numbers), each (len(queries), min(k, N)), best first; ties by row number."""
-        k = min(k, len(self))
-        if self.faiss is not None:
-            scores, ids = self.faiss.search(np.ascontiguousarray(queries, np.float32), k)
-        else:
-            sims = queries @ self.matrix.T
-            if k < len(self):
-                ids = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    def nearest(self, file, k: int = 10) -> list[tuple[str, float]]:
+        """The k nearest of one file; KeyError saying why for one that can be neither found nor encoded."""
+        report = self.query([os.fspath(file)], k)
+        if report["failed"]:
+            raise KeyError(f"{file}: {report['failed'][0]['error']}")
+        return [(h["path"], h["score"]) for h in report["results"][0]["hits"]]
+
+    def nearest_vector(self, vector, k: int = 10) -> list[tuple[str, float]]:
+        scores, ids = self.cache.search(unit(np.atleast_2d(vector)), k, self.nprobe)
+        return [(self.cache.path(i), float(s)) for s, i in zip(scores[0], ids[0].tolist()) if i >= 0]
+
+    def query(self, files: list[str], k: int = 10, bar=None) -> dict:
+        """results (per file: source, hits) and failed, as the command prints them."""
+        if k < 1:
+            raise UsageError(f"-k {k}: must be at least 1")
+        cache = self.cache
+        queries, sources, errors, own = {}, {}, {}, {}
+        new = []
+        for f in files:
+            path = key_of(f)
+            i = cache.find(path)
+            if i >= 0 and _unchanged(path, cache.rows[i]):
+                sources[f], own[f] = "out", i
+                queries[f] = unit(cache.vector(i))
+            elif os.path.exists(path):
+                new.append(path)
+                sources[f] = "encoded"
             else:
-                ids = np.tile(np.arange(len(self)), (len(queries), 1))
-            scores = np.take_along_axis(sims, ids, 1)
-        order = np.lexsort((ids, -scores), axis=1)
-        return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
-
-    def pairs(self, threshold: float, vectors) -> list[tuple[int, int]]:
-        """(i, j), i < j, of the rows whose cosine is at least `threshold`."""
-        found = []
-        for lo in range(0, len(self), BLOCK):
-            block = vectors(lo, min(lo + BLOCK, len(self)))
-            if self.faiss is not None:
-                # range_search keeps scores above the radius; the bound is then applied as numpy does
-                lims, scores, ids = self.faiss.range_search(block, threshold - 1e-4)
-                rows = np.repeat(np.arange(len(block)), np.diff(lims.astype(np.int64)))
-                keep = scores >= threshold
-                rows, ids = rows[keep] + lo, ids[keep]
+                errors[f] = "no such file, and not in OUT"
+        encoded = encode_files(self.folder, sorted(set(new)), self.device, bar, self.log) if new else {}
+        for f in [f for f, s in sources.items() if s == "encoded"]:
+            vector = encoded.get(key_of(f))
+            if isinstance(vector, np.ndarray):
+                queries[f] = unit(vector)
             else:
-                rows, ids = np.nonzero(block @ self.matrix.T >= threshold)
-                rows = rows + lo
-            found += [(int(a), int(b)) for a, b in zip(rows.tolist(), ids.tolist()) if a < b]
-        return found
+                errors[f] = vector or "not encoded"
+                del sources[f]
+        names = [f for f in dict.fromkeys(files) if f in queries]  # in the order asked
+        results = []
+        for lo in range(0, len(names), QUERY_BLOCK):
+            batch = names[lo: lo + QUERY_BLOCK]
+            scores, ids = cache.search(np.stack([queries[f] for f in batch]), k, self.nprobe)
+            for f, row_s, row_i in zip(batch, scores, ids):
+                hits = [(float(s), i) for s, i in zip(row_s, row_i.tolist()) if i >= 0]
+                if f in own:  # itself first, even among exact copies of it (equal scores)
+                    q = queries[f]
+                    hits = [(float(q @ q), own[f]), *[(s, i) for s, i in hits if i != own[f]]][: len(hits)]
+                results.append({"file": f, "path": key_of(f), "source": sources[f],
+                                "hits": [{"path": cache.path(i), "score": round(s, 6)} for s, i in hits]})
+        failed = [{"file": f, "path": key_of(f), "error": e} for f, e in errors.items()]
+        return {"out": str(self.out), "index": cache.spec["kind"], "rows": cache.live,
+                "results": results, "failed": failed}
 
 
-def _stamp(out: Path) -> dict:
-    """What the manifest was when the index was built: any run, compaction or overwrite changes it."""
-    st = os.stat(out / MANIFEST)
-    return {
-        "manifest_inode": st.st_ino,
-        "manifest_size": st.st_size,
-        "manifest_mtime_ns": st.st_mtime_ns,
-    }
+def query_files(files: list[str], files_from: str | None = None) -> list[str]:
+    """The files to search for: each FILE, a folder's media files (walked as encode walks it), and
+    the lines of --files-from (`-`: stdin), in that order, each once."""
+    import sys
 
+    from ..media.discover import discover
 
-def load_index(
-    out: Path, log=lambda message: None, use_faiss: bool = True
-) -> tuple[Index, NumpyEmbeddings]:
-    """OUT's index: the cached faiss one while the manifest is unchanged, else built (and cached)."""
-    out = Path(out)
-    if not (out / MANIFEST).exists():
-        raise UsageError(not_an_output(out))
-    stamp = _stamp(
-        out
-    )  # before the manifest is read: rows appended meanwhile make the cache stale, never wrong
-    emb = NumpyEmbeddings(out)
-    faiss = _faiss() if use_faiss else None
-    if faiss is not None:
+    listed = list(files or [])
+    if files_from is not None:
         try:
-            keys = json.loads((out / KEYS).read_text())
-            if keys.get("stamp") == stamp:
-                return Index(keys["paths"], None, faiss.read_index(str(out / INDEX))), emb
-        except (OSError, ValueError, RuntimeError, KeyError):
-            pass  # none yet, or unreadable: built again
-    if faiss is None:
-        paths, matrix = _matrix(emb)
-        return Index(paths, matrix), emb
-    paths, index = _matrix(emb, faiss)
-    def write_index(tmp: Path) -> None:
-        open(tmp, "wb").close()  # an unwritable OUT is Python's OSError, not faiss's C++ text
-        faiss.write_index(index, str(tmp))
-
-    try:
-        atomic_write(out / INDEX, write_index)
-        atomic_write(
-            out / KEYS, lambda tmp: tmp.write_text(json.dumps({"stamp": stamp, "paths": paths}))
-        )
-    except (OSError, RuntimeError) as e:
-        why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
-        log(f"the index is not cached in {out} ({why}); it is built again next time")
-    return Index(paths, None, index), emb
+            text = sys.stdin.read() if files_from == "-" else Path(files_from).read_text()
+        except OSError as e:
+            raise UsageError(f"--files-from {files_from}: {e.strerror or e}") from None
+        listed += [line for line in text.splitlines() if line.strip()]
+    found: list[str] = []
+    for f in listed:
+        if os.path.isdir(f):
+            items, _ = discover([f])
+            found += [item.path for item in items]
+        else:
+            found.append(f)
+    return list(dict.fromkeys(found))
 
 
-def _matrix(emb: NumpyEmbeddings, faiss=None):
-    """(paths, the unit vectors): a numpy matrix, or with faiss an IndexFlatIP filled block by block
-    (the vectors are held once, in the index)."""
-    shards = placed(emb)
-    n, dim = sum(len(v) for v in shards.values()), hidden_size(emb, shards)
-    if not n:
-        raise UsageError(f"{emb.out}: no encoded file to search")
-    index = faiss.IndexFlatIP(dim) if faiss is not None else None
-    matrix = np.empty((n if index is None else min(n, BLOCK), dim), np.float32)
-    paths = []
-    for rec in records(emb, shards=shards):
-        matrix[len(paths) % len(matrix)] = rec.pooled
-        paths.append(rec.row["path"])
-        if index is not None and (len(paths) % len(matrix) == 0 or len(paths) == n):
-            index.add(unit(matrix[: (len(paths) - 1) % len(matrix) + 1]))
-    if index is not None:
-        return paths, index
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    matrix /= np.where(norms > 0, norms, 1)  # in place: the matrix is the largest thing held
-    return paths, matrix
-
-
-def search(
-    out,
-    files: list[str],
-    k: int = 10,
-    device: str = "auto",
-    bar=None,
-    log=lambda message: None,
-    use_faiss: bool = True,
-) -> dict:
+def search(out, files: list[str], k: int = 10, device: str = "auto", bar=None,
+           log=lambda message: None) -> dict:
     """The k nearest files of each of `files`; a file OUT lacks is encoded with OUT's settings."""
     if k < 1:
         raise UsageError(f"-k {k}: must be at least 1")
-    for f in files:
-        if os.path.isdir(f):
-            raise UsageError(
-                f"{f}: a folder; search takes files (encode a folder into OUT, then --duplicates)"
-            )
-    index, emb = load_index(Path(out), log, use_faiss)
-    queries, sources, errors = {}, {}, {}
-    new = []
-    for f in files:
-        members = _tar_members(f)
-        if members is not None:  # a WebDataset tar: its members are the queries, OUT's rows if it has them
-            fresh = [m for m in members if m not in emb]
-            new += [key_of(f)] if fresh else []
-            sources |= {m: "encoded" if m in fresh else "out" for m in members}
-            continue
-        path = key_of(f)
-        row = emb.rows.get(path) if path in emb else None
-        if row is not None and _unchanged(path, row):
-            sources[f] = "out"
-        elif os.path.exists(path):
-            new.append(path)
-            sources[f] = "encoded"
-        else:
-            errors[f] = "no such file, and not in OUT"
-    positions = {p: i for i, p in enumerate(index.paths)} if sources else {}
-    if new:
-        log(f"encoding {len(new)} file(s) {out} lacks, with its settings")
-    # its own log stays quiet: its lines (model loaded, worker advice, a temp OUT's manifest) are
-    # about a run the user did not start; a query that fails says why in the results
-    encoded = encode_files(Path(out), new, device, bar, lambda message: None) if new else {}
-    for f, source in sources.items():
-        path = key_of(f)
-        if source == "out":
-            i = positions[path]
-            queries[f] = index.matrix[i] if index.matrix is not None else index.faiss.reconstruct(i)
-        elif isinstance(encoded.get(path), np.ndarray):
-            queries[f] = unit(encoded[path])
-        else:
-            errors[f] = encoded.get(path, "not encoded")
-    results = []
-    if queries:
-        scores, ids = index.search(np.stack(list(queries.values())), k)
-    for n, (f, query) in enumerate(queries.items()):
-        hits = [(float(s), i) for s, i in zip(scores[n], ids[n].tolist())]
-        if sources[f] == "out":  # itself first, even among exact copies of it (equal scores)
-            own = positions[key_of(f)]
-            hits = [(float(query @ query), own), *[(s, i) for s, i in hits if i != own]][: len(hits)]
-        hits = [{"path": index.paths[i], "score": round(s, 6)} for s, i in hits]
-        results.append({"file": f, "path": key_of(f), "source": sources[f], "hits": hits})
-    failed = [{"file": f, "path": key_of(f), "error": e} for f, e in errors.items()]
-    return {
-        "out": str(out),
-        "backend": index.backend,
-        "rows": len(index),
-        "results": results,
-        "failed": failed,
-    }
+    with Searcher(out, device, log) as searcher:
+        return searcher.query(files, k, bar)
 
 
-def _tar_members(f: str) -> list[str] | None:
-    """A local WebDataset tar's media members as OUT keys them (TAR/MEMBER); None for any other file."""
-    from ..media import webdataset
-
-    if not webdataset.is_tar(f) or not os.path.isfile(f):
-        return None
-    tar = key_of(f)
-    try:
-        handle, found, _ = webdataset.members(tar)
-    except Exception:  # noqa: BLE001 - not a tar after all: encoded as a file, and its row says why
-        return None
-    handle.close()
-    return [f"{tar}/{name}" for name in found]
-
-
-def _unchanged(path: str, row: dict) -> bool:
+def _unchanged(path: str, row) -> bool:
     """The file on disk is the one the row encoded (or it is gone, and OUT's vector is all there is)."""
     try:
         st = os.stat(path)
     except OSError:
         return True
-    return (st.st_size, st.st_mtime_ns) == (row.get("size"), row.get("mtime_ns"))
+    return (st.st_size, st.st_mtime_ns) == (int(row["size"]), int(row["mtime"]))
 
 
 def encode_files(out: Path, paths: list[str], device: str, bar, log) -> dict:
@@ -265,7 +174,7 @@ def encode_files(out: Path, paths: list[str], device: str, bar, log) -> dict:
         )
     options, _ = Options.resume(saved, {"device": device, "workers": 0})  # OUT's own settings, every one
     items, _ = discover(paths)
-    with tempfile.TemporaryDirectory(prefix=f"gemma4enc-search-{os.getpid()}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp:
         run(items, Path(tmp) / "out", options, bar=bar or _NoBar, log=log)
         emb = NumpyEmbeddings(Path(tmp) / "out")
         found = {rec.row["path"]: rec.pooled for rec in records(emb)}
@@ -287,36 +196,38 @@ class _NoBar:
         pass
 
 
-def duplicates(out, threshold: float = 0.98, log=lambda message: None, use_faiss: bool = True) -> dict:
+def duplicates(out, threshold: float = 0.98, log=lambda message: None, method: str = "auto",
+               keep: str = "first", partitions: int | None = None, boundary: float = dedup.BOUNDARY,
+               engine: str = "local", ray_address: str | None = None) -> dict:
     """Groups of files whose pooled vectors are within `threshold` cosine of another in the group
-    (linked: a near b and b near c puts a, b, c together), each in OUT's order."""
+    (linked: a near b and b near c puts a, b, c together), each with the file `keep` keeps first
+    and the rest to drop."""
     if not -1 <= threshold <= 1:
         raise UsageError(f"--threshold {threshold}: a cosine, in [-1, 1]")
-    index, _ = load_index(Path(out), log, use_faiss)
-    if index.matrix is not None:
-        vectors = lambda lo, hi: index.matrix[lo:hi]  # noqa: E731
-    else:
-        vectors = lambda lo, hi: index.faiss.reconstruct_n(lo, hi - lo)  # noqa: E731
-    parent = list(range(len(index)))
+    if engine not in ("local", "ray"):
+        raise UsageError(f"--engine {engine}: use local or ray")
+    if keep not in dedup.POLICIES:
+        raise UsageError(f"--keep {keep}: use one of {', '.join(dedup.POLICIES)}")
+    with Searcher(out, log=log) as searcher:
+        cache = searcher.cache
+        if method == "auto":
+            method = "exact" if cache.live ** 2 * cache.dim <= dedup.EXACT_FLOP else "partitioned"
+        if engine == "ray" and method == "partitioned":
+            from .ray import connect
 
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for a, b in index.pairs(threshold, vectors):
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    groups: dict[int, list[int]] = {}
-    for i in range(len(index)):
-        groups.setdefault(root(i), []).append(i)
-    found = [[index.paths[i] for i in members] for members in groups.values() if len(members) > 1]
-    return {
-        "out": str(out),
-        "backend": index.backend,
-        "rows": len(index),
-        "threshold": threshold,
-        "groups": found,
-    }
+            on_ray = connect(ray_address)
+        else:
+            if engine == "ray":
+                log("duplicates: exact comparison runs here; Ray compares partitions (--method partitioned)")
+            on_ray = contextlib.nullcontext(None)
+        with on_ray as ray:
+            found, used = dedup.find_groups(cache, threshold, method, partitions, boundary, log, ray=ray)
+        rng = np.random.default_rng(0)
+        groups = []
+        for number, members in enumerate(found):
+            kept = dedup.keep_one(cache, members, keep, rng)
+            groups.append({"group": number, "size": len(members), "keep": cache.path(kept),
+                           "drop": [cache.path(i) for i in members.tolist() if i != kept],
+                           "members": [cache.path(i) for i in members.tolist()]})
+        return {"out": str(out), "index": cache.spec["kind"], "rows": cache.live, "threshold": threshold,
+                "method": used, "keep": keep, "groups": groups}
