@@ -11,7 +11,7 @@ PACKAGE = ROOT / "gemma4enc"
 # from the bottom: shared vocabulary, the settings, then the stages in the data's order, then the
 # developer tools and the command line over them all
 FLOORS = ("errors rows _version", "options", "media", "model", "output", "serving", "run", "dev", "commands")
-FACES = {"gemma4enc", "gemma4enc.__main__", "gemma4enc.training"}  # the public names: they may reach anywhere
+FACES = {"gemma4enc", "gemma4enc.__main__", "gemma4enc.training", "gemma4enc.search"}  # the public names: they may reach anywhere
 
 
 def _modules() -> dict[str, Path]:

@@ -82,19 +82,28 @@ class Searcher:
             raise UsageError(f"-k {k}: must be at least 1")
         cache = self.cache
         queries, sources, errors, own = {}, {}, {}, {}
+        # a WebDataset tar: its members are the queries, OUT's rows where it has them
+        tars = {f: _tar_members(f) for f in files}
+        member_tar = {m: key_of(f) for f, members in tars.items() for m in members or []}
+        files = [m for f in files for m in tars[f] or [f]]
         new = []
         for f in files:
             path = key_of(f)
             i = cache.find(path)
-            if i >= 0 and _unchanged(path, cache.rows[i]):
+            tar = member_tar.get(f)
+            if i >= 0 and (tar is not None or _unchanged(path, cache.rows[i])):
                 sources[f], own[f] = "out", i
                 queries[f] = unit(cache.vector(i))
-            elif os.path.exists(path):
-                new.append(path)
+            elif tar is not None or os.path.exists(path):
+                new.append(tar or path)  # a member not in OUT: its tar is encoded, its rows are the members'
                 sources[f] = "encoded"
             else:
                 errors[f] = "no such file, and not in OUT"
-        encoded = encode_files(self.folder, sorted(set(new)), self.device, bar, self.log) if new else {}
+        if new:
+            self.log(f"encoding {len(set(new))} file(s) {self.out} lacks, with its settings")
+        # encode's own lines (model loaded, worker advice, a temp OUT) are about a run the user did not
+        # start: kept quiet; a query that fails says why in the results
+        encoded = encode_files(self.folder, sorted(set(new)), self.device, bar, lambda m: None) if new else {}
         for f in [f for f, s in sources.items() if s == "encoded"]:
             vector = encoded.get(key_of(f))
             if isinstance(vector, np.ndarray):
@@ -150,6 +159,21 @@ def search(out, files: list[str], k: int = 10, device: str = "auto", bar=None,
         raise UsageError(f"-k {k}: must be at least 1")
     with Searcher(out, device, log) as searcher:
         return searcher.query(files, k, bar)
+
+
+def _tar_members(f: str) -> list[str] | None:
+    """A local WebDataset tar's media members as OUT keys them (TAR/MEMBER); None for any other file."""
+    from ..media import webdataset
+
+    if not webdataset.is_tar(f) or not os.path.isfile(f):
+        return None
+    tar = key_of(f)
+    try:
+        handle, found, _ = webdataset.members(tar)
+    except Exception:  # noqa: BLE001 - not a tar after all: encoded as a file, and its row says why
+        return None
+    handle.close()
+    return [f"{tar}/{name}" for name in found]
 
 
 def _unchanged(path: str, row) -> bool:
