@@ -114,6 +114,14 @@ def two_nodes(tmp_path, monkeypatch):
     paths = [str(hook), str(here), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    # the nodes' sessions and the address record Cluster writes go in a folder of the test's own,
+    # removed after it: not /tmp/ray, where they would outlive the test and point others' `auto`
+    # at a dead cluster (short: Ray's sockets live in it)
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="g4e-c-")
+    monkeypatch.setenv("RAY_TMPDIR", folder)
     made = []
 
     def make(doomed_cpus: int, hang: str = HANG):
@@ -122,9 +130,12 @@ def two_nodes(tmp_path, monkeypatch):
         made.append(c)
         return c, c.add_node(**node(doomed_cpus), env_vars={HANG_ENV: str(marks)}), marks
 
-    yield make
-    for c in made:
-        c.shutdown()
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def node(cpus: int) -> dict:
