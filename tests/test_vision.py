@@ -142,10 +142,12 @@ def test_an_encode_process_never_imports_transformers(ckpt, tmp_path):
     media = tmp_path / "media"
     media.mkdir()
     photo(120, 160).save(media / "a.jpg")
-    code = ("import runpy, sys\n"
+    # main(), not the console script: that one leaves by os._exit once torch is loaded (issue 39),
+    # before this process could print what it imported
+    code = ("import sys\nfrom gemma4enc.commands.cli import main\n"
             f"sys.argv = ['gemma4enc', 'encode', {str(media)!r}, '-o', {str(tmp_path / 'out')!r}, *{flags()!r}, "
             f"'--model', {str(ckpt)!r}, '-q']\n"
-            "try:\n    runpy.run_module('gemma4enc', run_name='__main__')\n"
+            "try:\n    main()\n"
             "except SystemExit as e:\n    assert not e.code, e.code\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
