@@ -5,6 +5,9 @@ import re
 from pathlib import Path
 
 
+
+SAVED = "; the files finished before are saved, re-run to resume"  # what an OutputError mid-run adds (output/store.py); said without it where nothing ran
+
 class UsageError(Exception):
     """A bad flag, model, device or output folder: one line for the user, exit code 2."""
 
@@ -37,10 +40,10 @@ def one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 
-def output_error(what: str, out: Path, e: Exception, saved: int | None = None) -> OutputError:
+def output_error(what: str, where: Path, e: Exception, saved: int | None = None) -> OutputError:
     """`saved`: the files this run saved before, where known; none is said as none, not as 'saved'."""
     if saved == 0:
         then = "no file of this run was saved (what earlier runs saved stays); re-run once it is writable"
     else:
         then = "the files finished before are saved, re-run to resume once it is writable"
-    return OutputError(f"cannot write {what} in {out}: {reason(e)}; {then}")
+    return OutputError(f"cannot write {what} in {where}: {reason(e)}; {then}")

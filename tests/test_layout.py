@@ -90,3 +90,46 @@ def test_architecture_lists_every_module():
     missing = [str(p.relative_to(PACKAGE)) for p in sorted(PACKAGE.rglob("*.py"))
                if p.name != "__init__.py" and f"`{p.relative_to(PACKAGE)}`" not in text]
     assert not missing, f"docs/architecture.md does not list: {', '.join(missing)}"
+
+
+# OUT's seam (output/out.py): only these may reach the store layer; nothing above output/ knows a
+# store exists. export.py writes an export's DEST (not OUT) to a store; a Ray actor uploads its
+# task's shards itself, never holding OUT's lock.
+STORE_USERS = {"gemma4enc.output.storeout", "gemma4enc.output.export", "gemma4enc.run.ray",
+               "gemma4enc.run.ray.actor"}
+
+
+def test_only_the_seam_reaches_the_store():
+    graph = _graph()
+    store = [a for a, targets in graph.items() if "gemma4enc.output.store" in targets and a not in STORE_USERS]
+    assert not store, f"modules that reach output/store.py past the Out seam: {store}"
+    storeout = [a for a, targets in graph.items()
+                if "gemma4enc.output.storeout" in targets and a != "gemma4enc.output.opening"]
+    assert not storeout, f"only output/opening.py makes a StoreOut: {storeout}"
+
+
+def test_no_function_above_output_takes_out_as_a_bare_path():
+    """Above output/, OUT travels as an `Out` (or as the user's words, a str, to open_out): never as
+    a Path that each module would rebuild its own view of."""
+    found = []
+    for name, path in _modules().items():
+        if name.startswith("gemma4enc.output"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in node.args.args + node.args.kwonlyargs:
+                    if arg.arg == "out" and arg.annotation is not None and "Path" in ast.unparse(arg.annotation):
+                        found.append(f"{name}.{node.name}")
+    assert not found, f"functions taking OUT as a Path: {found}"
+
+
+def test_the_manifests_name_is_spelled_in_output_only():
+    """`Path(out) / MANIFEST` and its literal belong to output/ (names.py): above it, OUT's files are
+    reached through the Out."""
+    # serving/cache.py reads OUT's documented format (docs/format.md) inside a serving engine's own
+    # environment, where no other module of gemma4enc can be imported: it spells the names itself
+    found = [f"{name}" for name, path in _modules().items()
+             if not name.startswith("gemma4enc.output") and name != "gemma4enc.serving.cache"
+             and ("/ MANIFEST" in path.read_text() or '"manifest.jsonl"' in path.read_text()
+                  or "/ SETTINGS" in path.read_text())]
+    assert not found, f"modules that build OUT's file paths themselves: {found}"

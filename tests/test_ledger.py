@@ -19,6 +19,7 @@ from gemma4enc.media import discover as discover_module
 from gemma4enc.output import compact as compacting
 from gemma4enc.output.files import MANIFEST, line_of
 from gemma4enc.output.ledger import Ledger
+from gemma4enc.output.out import LocalOut
 
 from .helpers import BASE, encode, flags, photo, shard_tokens
 
@@ -161,7 +162,7 @@ def test_a_killed_prune_leaves_a_valid_folder(done, monkeypatch):
 
     monkeypatch.setattr(compacting, "atomic_write", die_on_manifest)
     with pytest.raises(KeyboardInterrupt):
-        compacting.compact(out, prune=True)
+        compacting.compact(LocalOut(out), prune=True)
     assert (out / MANIFEST).read_bytes() == manifest_before
     report = json.loads(RUN.invoke(app, ["verify", str(out), "--json"]).stdout)
     assert report["ok"] and report["orphan_shards"]  # the half-done copy is an orphan, nothing else
@@ -171,7 +172,9 @@ def test_a_killed_prune_leaves_a_valid_folder(done, monkeypatch):
 
 def test_a_run_compacts_past_the_threshold(done, ckpt, monkeypatch):
     media, out, _, _ = done
-    monkeypatch.setattr(compacting, "AUTO_COMPACT_ROWS", 2)
+    from gemma4enc.output import out as outs
+
+    monkeypatch.setattr(outs, "AUTO_COMPACT_ROWS", 2)
     for i in range(4):  # 4 of 6 rows superseded: more dead than live… not yet; then 8 of 6
         photo(50, 50 + i, seed=50 + i).save(media / f"p{i}.jpg", quality=90)
     assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0

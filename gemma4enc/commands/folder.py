@@ -10,8 +10,7 @@ import typer
 
 from ..errors import UsageError
 from ..options import Options, parse_size
-from ..output.files import not_an_output
-from ..output.mirror import local_out, locked_out
+from ..output.opening import open_out, reading
 from .app import command
 from .flags import Json, OutFolder, Quiet
 from .log import Bar
@@ -22,8 +21,8 @@ def inspect(out: OutFolder, json_out: Json = False):
     """Summarise an output folder: files by status, shards, tokens, failures."""
     from .report import inspect_report
 
-    with local_out(out, need=True) as folder:
-        report = inspect_report(folder) | {"out": str(out)}
+    with reading(out) as o:
+        report = inspect_report(o) | {"out": str(out)}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -51,12 +50,12 @@ def verify(
     """Check every shard against the manifest: counts, offsets, dtype, finite values; orphans, missing."""
     from .report import verify as check
 
-    with local_out(out, need=True) as folder:
-        report = check(folder) | {"out": str(out)}
+    with reading(out) as o:
+        report = check(o) | {"out": str(out)}
     if repair and report["bad_shards"]:
         repaired = _repair(out, report["bad_shards"])
-        with local_out(out, need=True) as folder:
-            report = check(folder) | {"out": str(out), "repaired": repaired}
+        with reading(out) as o:
+            report = check(o) | {"out": str(out), "repaired": repaired}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     elif quiet:
@@ -80,15 +79,13 @@ def _repair(out: str, shards: list[str]) -> int:
     records, through the same function as encode); returns how many were asked for."""
 
     from ..media.sources import exists
-    from ..output.ledger import Ledger
     from ..output.repair import LOST, mark_lost
     from ..run.encode import encode as run_encode
 
-    with locked_out(out) as (folder, mirror):
-        ledger = Ledger.load(folder)
-        mark_lost(folder, set(shards), ledger)
-        if mirror is not None:
-            mirror.push()
+    with open_out(out, write=True) as o, o.locked():
+        ledger = o.ledger()
+        mark_lost(o, set(shards), ledger)
+        o.sync()
         lost = [(p, e.root) for p, e in ledger.entries() if e.status == LOST]
     # each file under the root its row records: its new row keeps `root` and `rel` (a moved
     # folder is still recognised, exports say where it sat); a gone input keeps its lost row
@@ -112,20 +109,12 @@ def compact(
     json_out: Json = False,
 ):
     """Rewrite the manifest with one row per file (the latest), under OUT's lock."""
-    from ..output.compact import compact as rewrite
     from ..output.ledger import Ledger
-    from ..output.repair import repair
 
-    if "://" not in out and not (Path(out) / "manifest.jsonl").exists():
-        raise UsageError(not_an_output(out))  # before the lock: it would create OUT's lock file
-    with locked_out(out) as (folder, mirror):
-        if not (folder / "manifest.jsonl").exists():
-            raise UsageError(not_an_output(out))
-        ledger = Ledger(folder)  # read once, by repair; compact reads on from there
-        notes = (mirror.repair if mirror else repair)(folder, ledger)
-        report = rewrite(folder, ledger, prune=prune) | {"notes": notes, "out": str(out)}
-        if mirror is not None:
-            mirror.commit_compaction()  # the merged manifest replaces the store's parts
+    with open_out(out, write=True) as o, o.locked(need=True):
+        ledger = Ledger(o.folder)  # read once, by repair; compact reads on from there
+        notes = o.repair(ledger)
+        report = o.compact(ledger, prune=prune) | {"notes": notes, "out": str(out)}  # a store's: its new base
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -212,9 +201,9 @@ def export(
     dtype = dtype or "float16"
 
     dest = dest if is_url(dest) else Path(dest)  # a URL: made here, then uploaded
-    with local_out(out, need=True) as folder:
+    with reading(out) as o:
         report = export_to(
-            folder,
+            o,
             to,
             dest,
             dtype,
@@ -306,8 +295,8 @@ def search(
         raise UsageError("no file to search for: the folders and --files-from listed none")
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
     if dups:
-        with local_out(out, need=True) as folder:
-            report = duplicates(folder, threshold, log=say, method=method, keep=keep, engine=engine,
+        with reading(out) as o:
+            report = duplicates(o, threshold, log=say, method=method, keep=keep, engine=engine,
                                 ray_address=ray_address) | {"out": str(out)}
         if groups_to is not None:
             write_groups(groups_to, report["groups"])

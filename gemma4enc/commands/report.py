@@ -9,7 +9,6 @@ shards no row names, temp files, a torn last manifest line.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -18,11 +17,9 @@ from ..media import webdataset
 from ..media.kinds import Item
 from ..media.sources import exists
 from ..options import DEFAULT_FRAMES, OUT_DTYPES, Options, Sampling
-from ..output.files import MANIFEST, TEMP_RE, not_an_output
-from ..output.ledger import Ledger
-from ..output.lock import running
-from ..output.mirror import fetched, shard_names
-from ..output.settings import SETTINGS
+from ..output.names import MANIFEST, not_an_output
+from ..output.opening import as_out
+from ..output.out import Out
 from ..rows import Status
 
 CHUNK_ROWS = 1 << 16  # tokens are checked this many rows at a time: memory stays small for 1 GB shards
@@ -98,21 +95,17 @@ def _video_frames(sampling: Sampling, stream, container_s: float = 0.0) -> int:
     return min(count, total) if total else count
 
 
-def _output_folder(out: Path) -> Path:
-    out = Path(out)
-    if not (out / MANIFEST).exists():
-        raise UsageError(not_an_output(out))
+def _output_folder(out) -> Out:
+    out = as_out(out)
+    if not out.found():
+        raise UsageError(not_an_output(out.url))
     return out
 
 
-def _settings(out: Path) -> dict | None:
-    return json.loads((out / SETTINGS).read_text()) if (out / SETTINGS).exists() else None
-
-
-def inspect_report(out: Path) -> dict:
+def inspect_report(out: Out) -> dict:
     """One pass over the manifest into the compact ledger; whole rows are read for failures only."""
     out = _output_folder(out)
-    ledger = Ledger.load(out)
+    ledger = out.ledger()
     status, kinds, tokens, deleted, failed = Counter(), Counter(), 0, 0, []
     for path, e in ledger.entries():
         status[e.status] += 1
@@ -122,11 +115,11 @@ def inspect_report(out: Path) -> dict:
         if e.status != Status.OK and len(failed) < 20:
             failed.append(e.offset)
     named = ledger.shards()
-    on_disk = shard_names(out)
+    on_disk = out.shard_names()
     failures = [f"{r['path']}: {r['status']}: {r.get('error')}" for r in ledger.rows_at(failed)]
     return {
-        "out": str(out),
-        "running": running(out),
+        "out": out.url,
+        "running": out.holder(),
         "files": len(ledger),
         "by_status": dict(status),
         "by_kind": dict(kinds),
@@ -135,17 +128,17 @@ def inspect_report(out: Path) -> dict:
         "missing_shards": sorted(named - on_disk),
         "orphan_shards": sorted(on_disk - named),
         "deleted_inputs": deleted,
-        "settings": _settings(out),
+        "settings": out.settings(),
         "failures": failures,
         "superseded_rows": ledger.superseded,
     }
 
 
-def verify(out: Path) -> dict:
+def verify(out: Out) -> dict:
     out = _output_folder(out)
     problems: list[str] = []
     warnings: list[str] = []
-    ledger = Ledger.load(out)  # one pass; each shard's rows are read back by offset when it is checked
+    ledger = out.ledger()  # one pass; each shard's rows are read back by offset when it is checked
     torn = ledger.unreadable + (ledger.path.stat().st_size > ledger.end)
     if torn:
         warnings.append(
@@ -153,7 +146,7 @@ def verify(out: Path) -> dict:
         )
     by_shard, unplaced = ledger.ok_by_shard()  # shard → offsets of the rows that point into it (numpy)
     problems += [f"{path}: status ok but no shard/index" for path in unplaced]
-    on_disk = shard_names(out)
+    on_disk = out.shard_names()
     missing = sorted(set(by_shard) - on_disk)
     orphans = sorted(on_disk - set(by_shard))
     problems += [f"{name}: named by {len(by_shard[name])} row(s) but missing" for name in missing]
@@ -161,14 +154,14 @@ def verify(out: Path) -> dict:
         warnings.append(
             f"{len(orphans)} shard(s) no row names (the next encode removes them): {orphans[:5]}"
         )
-    temps = sorted(p.name for p in out.iterdir() if TEMP_RE.match(p.name))
+    temps = out.temp_files()
     if temps:
         warnings.append(f"{len(temps)} temp file(s) of an interrupted write: {temps[:5]}")
-    settings = _settings(out) or {}
+    settings = out.settings() or {}
     tokens = 0
     bad = set(missing)
     for name in sorted(set(by_shard) & on_disk):
-        with fetched(out, name) as path:
+        with out.shard(name) as path:
             found, n = check_shard(
                 path, list(ledger.rows_at(by_shard[name].tolist(), rising=False)), settings
             )
@@ -176,7 +169,7 @@ def verify(out: Path) -> dict:
         tokens += n
         bad |= {name} if found else set()
     return {
-        "out": str(out),
+        "out": out.url,
         "ok": not problems,
         "files": len(ledger),
         "encoded": sum(len(v) for v in by_shard.values()),

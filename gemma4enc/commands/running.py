@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -176,10 +175,7 @@ def encode(
             bar=lambda n: Bar(n, quiet, say),
             log=lambda m: say(f"gemma4enc: {m}"),
         )
-        # OUT at a URL: what its store listed at the end of the run
-        shards = report.pop("shard_sizes", None) or [
-            p.stat().st_size for p in Path(out).glob("shard-*.safetensors")
-        ]
+        shards = report.pop("shard_sizes")  # what OUT holds at the end of the run (a store: listed)
         say(
             f"gemma4enc: {summary_line(report, len(shards), sum(shards), time.perf_counter() - start)}",
             stamp=True,
@@ -256,18 +252,16 @@ def plan(
     """Dry run: what encode would do (counts, patch-count buckets, tokens, output size)."""
 
     from ..media.discover import discover
-    from ..output.ledger import Ledger
-    from ..output.settings import SETTINGS, read_settings
+    from ..output.names import SETTINGS
+    from ..output.opening import reading
     from ..output.todo import Unchanged
 
-    import contextlib
-
-    from ..output.mirror import local_out
-
     # -o OUT: planned with the settings OUT records, against its manifest (read whole, here)
-    with local_out(out) if out else contextlib.nullcontext() as folder:
-        saved = read_settings(folder) if folder else None
-        ledger = Ledger.load(folder) if folder else None
+    saved = ledger = None
+    if out:
+        with reading(out, need=False) as o:
+            saved = o.settings()
+            ledger = o.ledger() if o.found() else None
     flags = dict(
         image_tokens=image_tokens,
         video_tokens=video_tokens,

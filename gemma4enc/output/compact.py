@@ -1,5 +1,5 @@
 """The manifest rewritten with one row per file (the latest), and shards rewritten without pruned tokens;
-run by `compact`, and by a run itself once superseded rows outnumber the live ones."""
+run by `compact`, and by a run itself once superseded rows outnumber the live ones (Out.maybe_compact)."""
 
 from __future__ import annotations
 
@@ -8,36 +8,24 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..media.sources import exists
-from .files import MANIFEST, SHARD_RE, atomic_write, line_of, not_an_output
+from .files import atomic_write, line_of
 from .ledger import Ledger
-from .mirror import shard_file
-
-# a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
-# then the rewrite costs no more than the rows appended since the last one
-AUTO_COMPACT_ROWS = 100_000
+from .names import LOCAL_NAME, SHARD_RE, not_an_output
 
 
-def maybe_compact(out: Path, ledger: Ledger) -> str | None:
-    """Compact once the manifest is mostly superseded rows (call under the lock, at the end of a run)."""
-    dead = ledger.superseded + ledger.unreadable
-    if dead < max(AUTO_COMPACT_ROWS, len(ledger)):
-        return None
-    report = compact(out, ledger)
-    return f"compacted {MANIFEST}: {report['rows_before']} rows → {report['rows_after']}"
-
-
-def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dict:
-    """Rewrite the manifest with each file's latest row only; with prune, only files that still exist.
+def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
+    """Rewrite OUT's manifest (`out`: an Out, out.py) with each file's latest row only; with prune,
+    only files that still exist.
 
     Call under the lock. Pruned files' tokens go too: each shard holding one is copied without
     it under a new name first, then the manifest is replaced (temp, fsync, rename), then the old
     shards are removed. A kill at any point leaves a valid folder (at worst unnamed shards, which
     the next run clears).
     """
-    out = Path(out)
-    ledger = (ledger or Ledger(out)).refresh()
+    folder = out.folder
+    ledger = (ledger or Ledger(folder)).refresh()
     if not ledger.path.exists():
-        raise UsageError(not_an_output(out))
+        raise UsageError(not_an_output(folder))
     gone = {ledger.get(p).offset: p for p in ledger if not exists(p)} if prune else {}
     moved, replaced = (
         _rewrite_shards(out, ledger, gone) if gone else ({}, [])
@@ -63,11 +51,11 @@ def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dic
     tokens = sum(ledger.get(p).tokens for p in gone.values())
     ledger.refresh()  # the manifest is a new file now: read anew
     named = ledger.shards()
-    for p in out.iterdir():  # the shards pruned files left, and those only superseded rows named
+    for p in folder.iterdir():  # the shards pruned files left, and those only superseded rows named
         if SHARD_RE.match(p.name) and p.name not in named:
             p.unlink(missing_ok=True)
     return {
-        "out": str(out),
+        "out": str(folder),
         "rows_before": before,
         "rows_after": len(ledger),
         "pruned": len(gone),
@@ -77,22 +65,54 @@ def compact(out: Path, ledger: Ledger | None = None, prune: bool = False) -> dic
 
 
 def _rewrite_shards(
-    out: Path, ledger: Ledger, gone: dict[int, str]
+    out, ledger: Ledger, gone: dict[int, str]
 ) -> tuple[dict[int, dict], list[str]]:
     """Copy every shard that holds a pruned file without it; (offset → new shard/index, old shard names)."""
-    from .shards import LOCAL_NAME, next_shard_number, rewrite_shard
-
     by_shard: dict[str, list[tuple[int, int]]] = {}
     for _, e in ledger.entries():
         if e.shard and e.index >= 0:
             by_shard.setdefault(e.shard, []).append((e.index, e.offset))
     hit = sorted({ledger.get(p).shard for p in gone.values()} & set(by_shard))
-    moved, number = {}, next_shard_number(out)
+    moved, number = {}, out.next_shard()
     for name in hit:
         kept = sorted((i, off) for i, off in by_shard[name] if off not in gone)
         if kept:
             new = LOCAL_NAME.format(number)
             number += 1
-            rewrite_shard(shard_file(out, name), [i for i, _ in kept], out / new)
+            with out.shard(name) as path:
+                rewrite_shard(path, [i for i, _ in kept], out.folder / new)
             moved.update({off: {"shard": new, "index": j} for j, (_, off) in enumerate(kept)})
     return moved, hit
+
+
+def rewrite_shard(src: Path, keep: list[int], dst: Path) -> None:
+    """A copy of shard `src` holding only its items `keep` (in that order), written atomically to `dst`."""
+    import torch  # only a pruning compaction needs it
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), framework="pt") as f:
+        meta = f.metadata()
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    items, frames, item_frames = t["item_offsets"], t["frame_offsets"], t["item_frames"]
+    tokens, frame_sizes, item_sizes, frame_counts = [], [0], [0], [0]
+    kept = (
+        "tokens" if "tokens" in t else "frame_pooled"
+    )  # --store pooled: a row per frame, not per token
+    for i in keep:
+        a, b = item_frames[i].item(), item_frames[i + 1].item()
+        tokens.append(
+            t["tokens"][items[i] : items[i + 1]] if kept == "tokens" else t["frame_pooled"][a:b]
+        )
+        frame_sizes += (frames[a + 1 : b + 1] - frames[a:b]).tolist()
+        item_sizes.append((items[i + 1] - items[i]).item())
+        frame_counts.append(b - a)
+    tensors = {
+        kept: torch.cat(tokens),
+        "item_offsets": torch.tensor(item_sizes).cumsum(0),
+        "frame_offsets": torch.tensor(frame_sizes).cumsum(0),
+        "item_frames": torch.tensor(frame_counts).cumsum(0),
+    }
+    if "pooled" in t:
+        tensors["pooled"] = t["pooled"][keep].contiguous()
+    atomic_write(dst, lambda tmp: save_file(tensors, str(tmp), metadata=meta))

@@ -29,7 +29,6 @@ from .._version import __version__
 from ..errors import OutputError, UsageError, reason
 from .files import atomic_write
 from .formats import WRITERS, row_meta
-from .settings import SETTINGS
 from .vectors import hidden_size, placed, records
 
 FORMATS = ("clip", "parquet", "webdataset")
@@ -87,7 +86,7 @@ def export(
         "normalized": normalize,
         "per_frame": per_frame,
         "hidden_size": hidden_size(emb, shards),
-        "settings": _settings(emb.out),
+        "settings": emb.out.settings() or {},
     }
     writer = WRITERS[to](dest, info, pa, rows_per_file or (1 << 62), file_bytes)
     rows = 0
@@ -160,19 +159,9 @@ def _store_files(store) -> list[str]:
     return [name[cut:] for name in found]
 
 
-def _source(out: Path) -> str:
-    """OUT as the user named it: its URL where it is a store's mirror (not the temp folder)."""
-    from .mirror import MIRRORS
-
-    mirror = MIRRORS.get(Path(out))
-    return mirror.url if mirror is not None else str(Path(out).resolve())
-
-
-def _settings(out: Path) -> dict:
-    try:
-        return json.loads((out / SETTINGS).read_text())
-    except (OSError, ValueError):
-        return {}
+def _source(out) -> str:
+    """OUT as the user named it: a store's URL (not its working copy), a folder's absolute path."""
+    return out.url if out.remote else str(out.folder.resolve())
 
 
 def _clear(dest: Path, overwrite: bool) -> None:

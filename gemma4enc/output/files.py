@@ -1,31 +1,14 @@
-"""The output folder's files and how they are written: their names, temp names, atomic writes
-(temp file, fsync, rename, fsync the folder) and appended manifest rows."""
+"""How OUT's files are written: atomic writes (temp file, fsync, rename, fsync the folder) and
+appended manifest rows. Their names are names.py's."""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
-import re
 from pathlib import Path
 
-MANIFEST = "manifest.jsonl"
-
-
-# shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
-SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
-
-
-# our temp files, and only ours (a user's .draft.tmp in OUT is never touched): .gemma4enc-<name>.<pid>.tmp,
-# and the names earlier versions used (.<our file>.<pid>.tmp, .write-test-<pid>.tmp)
-TEMP_RE = re.compile(
-    r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
-    r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$"
-)
-
-
-def temp_name(name: str) -> str:
-    return f".gemma4enc-{name}.{os.getpid()}.tmp"
+from .names import MANIFEST, temp_name
 
 
 def _fsync_dir(path: Path) -> None:
@@ -82,8 +65,3 @@ def line_of(row) -> bytes:
         row = row.to_json()
     # a file name that is not UTF-8 holds lone surrogates: written as \udcXX escapes, JSON reads it back
     return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", errors="backslashreplace")
-
-
-def not_an_output(out) -> str:
-    """What every command says of a folder without a manifest."""
-    return f"{out}: no {MANIFEST}; is this a gemma4enc output folder?"

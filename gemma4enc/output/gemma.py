@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import torch
 from safetensors import safe_open
 
-from .mirror import shard_file
 
 # Gemma 4's placeholders, as its processor writes them (its tokenizer's own, when it has them)
 BOI, IMAGE, EOI, VIDEO = "<|image>", "<|image|>", "<image|>", "<|video|>"
@@ -247,7 +246,7 @@ def check_model(emb, rows: list[dict], model) -> None:
     """The shards' header says which checkpoint made the tokens: it must be `model`."""
     name, hidden = _given(model)
     for shard in sorted({r["shard"] for r in rows}):
-        with safe_open(str(shard_file(emb.out, shard)), framework="pt") as f:
+        with safe_open(str(emb.out.shard_path(shard)), framework="pt") as f:
             meta = f.metadata() or {}
         stored = meta.get("model", "")
         if hidden is not None and meta.get("hidden_size") and int(meta["hidden_size"]) != hidden:

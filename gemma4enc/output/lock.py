@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-
-LOCK = "gemma4enc.lock"
+from .names import LOCK
 
 
 class Lock:
@@ -96,8 +95,16 @@ def describe(holder: dict) -> str:
 def running(out: Path) -> str | None:
     """The run holding OUT's lock, described, or None (the lock file of a killed run does not count)."""
     try:
-        holder = json.loads((Path(out) / LOCK).read_text() or "{}")
-    except (OSError, ValueError):
+        return holding((Path(out) / LOCK).read_bytes())
+    except OSError:
+        return None
+
+
+def holding(body: bytes) -> str | None:
+    """A lock file's body → the run it names, described; None where that run is gone from this host."""
+    try:
+        holder = json.loads(body or b"{}")
+    except ValueError:
         return None
     if holder.get("host") == socket.gethostname() and not alive(holder.get("pid")):
         return None

@@ -18,9 +18,10 @@ import numpy as np
 
 from ..media.remote import is_url
 from ..rows import Row, Status
-from .files import MANIFEST, not_an_output
+from .names import MANIFEST, not_an_output
 from .ledger import Ledger
-from .mirror import shard_file
+from .opening import as_out
+from .out import Out
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
 
@@ -70,14 +71,19 @@ class Rows:
     was opened (a compaction that replaces the file later does not move the rows under the reader).
     """
 
-    out: Path
+    out: Out
     ledger: Ledger
 
     def _open(self, out) -> None:
-        self.out = Path(out)
-        if not (self.out / MANIFEST).exists():
-            raise FileNotFoundError(not_an_output(self.out))
-        self.ledger = Ledger.load(self.out, pin=True)
+        self.out = as_out(out)
+        if not self.out.found():
+            raise FileNotFoundError(not_an_output(self.out.url))
+        self.ledger = self.out.ledger(pin=True)
+
+    @property
+    def url(self) -> str:
+        """OUT as it was named (a store's URL, a folder's path)."""
+        return self.out.url
 
     @property
     def rows(self) -> Mapping[str, Row]:
@@ -103,7 +109,7 @@ class Rows:
         """The manifest row of `path` (any status); KeyError for a path not in it."""
         key = key_of(path)
         if key not in self.ledger:
-            raise KeyError(f"{path}: not in {self.out / MANIFEST}")
+            raise KeyError(f"{path}: not in {self.out.named(MANIFEST)}")
         return Row.from_json(self.ledger.row(key))
 
     def ok_row(self, path) -> Row:
@@ -139,7 +145,7 @@ class NumpyEmbeddings(Rows):
 
     def _shard(self, path) -> tuple[dict, Shard]:
         row = self.ok_row(path)
-        return row, Shard(shard_file(self.out, row["shard"]))
+        return row, Shard(self.out.shard_path(row["shard"]))
 
     def _tokens_shard(self, path) -> tuple[dict, Shard]:
         row, shard = self._shard(path)
@@ -181,7 +187,7 @@ class NumpyEmbeddings(Rows):
             )
         matrix = None
         for name, members in by_shard.items():
-            shard = Shard(shard_file(self.out, name))
+            shard = Shard(self.out.shard_path(name))
             if matrix is None:  # --store pooled keeps no tokens: the width is the pooled vectors'
                 wide = "pooled" if "pooled" in shard else "tokens"
                 matrix = np.empty((len(keys), shard.header[wide]["shape"][1]), np.float32)

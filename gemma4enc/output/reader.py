@@ -8,10 +8,7 @@ import os
 import torch
 from safetensors import safe_open
 
-from ..errors import OutputError, output_error, reason  # noqa: F401 - re-exported
-from .files import MANIFEST, SHARD_RE, TEMP_RE, append_rows, atomic_write, temp_name  # noqa: F401 - re-exported
 from .npreader import Rows
-from .mirror import shard_file
 
 
 class Embeddings(Rows):
@@ -25,7 +22,7 @@ class Embeddings(Rows):
 
     def __getitem__(self, path) -> torch.Tensor:
         row = self.ok_row(path)
-        with safe_open(str(shard_file(self.out, row["shard"])), framework="pt") as f:
+        with safe_open(str(self.out.shard_path(row["shard"])), framework="pt") as f:
             if "tokens" not in f.keys():
                 raise KeyError(no_tokens(path, self.out))
             lo, hi = f.get_slice("item_offsets")[row["index"] : row["index"] + 2].tolist()
@@ -35,14 +32,14 @@ class Embeddings(Rows):
         """A video's tokens split per sampled frame (an image: one frame)."""
         row = self.row(path)
         tokens = self[path]
-        with safe_open(str(shard_file(self.out, row["shard"])), framework="pt") as f:
+        with safe_open(str(self.out.shard_path(row["shard"])), framework="pt") as f:
             a, b = f.get_slice("item_frames")[row["index"] : row["index"] + 2].tolist()
             offsets = f.get_slice("frame_offsets")[a : b + 1]
         return list(torch.split(tokens, (offsets[1:] - offsets[:-1]).tolist()))
 
     def pooled(self, path) -> torch.Tensor:
         row = self.ok_row(path)
-        with safe_open(str(shard_file(self.out, row["shard"])), framework="pt") as f:
+        with safe_open(str(self.out.shard_path(row["shard"])), framework="pt") as f:
             if "pooled" not in f.keys():
                 raise KeyError(
                     f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)"

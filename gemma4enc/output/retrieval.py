@@ -13,7 +13,6 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from .mirror import shard_file
 
 WINDOW = 1 << 16  # pooled rows read at once
 
@@ -70,7 +69,7 @@ def pooled_matrix(emb, per_frame: bool = False, window: int = WINDOW):
         )
     matrix = None
     for shard, members in by_shard.items():
-        with safe_open(str(shard_file(emb.out, shard)), framework="pt") as f:
+        with safe_open(str(emb.out.shard_path(shard)), framework="pt") as f:
             if matrix is None:
                 matrix = np.empty(
                     (

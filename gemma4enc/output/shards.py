@@ -19,23 +19,39 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .._version import __version__
 from ..errors import OutputError, output_error
 from ..rows import Row
-from .files import MANIFEST, SHARD_RE, append_rows, atomic_write
+from .files import atomic_write
+from .names import MANIFEST
 
 if TYPE_CHECKING:
     from ..model.tower import Tower
     from ..options import Options
 
 FORMAT_VERSION = "1"
-LOCAL_NAME = "shard-{:06d}.safetensors"
+
+
+class ShardSink(Protocol):
+    """Where a ShardWriter's shards and rows go: an `Out` (output/out.py), or a Ray task's own
+    (run/ray/actor.py), which collects the rows for the driver."""
+
+    folder: Path  # where a shard is written (temp name, fsync, rename)
+    records: bool  # its rows are the run's manifest: an error can say how many were saved
+
+    def next_shard(self) -> int: ...  # the first shard's number
+
+    def shard_name(self, k: int) -> str: ...
+
+    def publish(self, path: Path) -> None: ...  # a shard just written, made OUT's, before its rows
+
+    def append(self, rows: list) -> None: ...  # rows naming published shards (or none)
 
 
 def shard_metadata(options: Options, tower: Tower) -> dict[str, str]:
@@ -69,40 +85,31 @@ class Pending:
 class ShardWriter:
     """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows.
 
-    Rows go to the manifest, or to `on_rows` (a Ray actor hands them to the driver, which owns
-    the manifest); shards are numbered on from the folder's highest, or named by
-    `name(k)`. `publish(path)`, where given, takes each shard once it is written (OUT at a URL).
+    The shards and rows go to `sink` (a ShardSink: an output folder, or a path taken for one):
+    each shard written in `sink.folder`, published, then the rows naming it appended.
     """
 
     def __init__(
         self,
-        out: Path,
+        sink: ShardSink | Path,
         out_dtype: str,
         metadata: dict[str, str],
         shard_bytes: int = 1 << 30,
         pooled: bool = True,
         flush_seconds: float = 60.0,
-        name=None,
-        on_rows=None,
-        publish=None,
     ):
-        self.out, self.dtype = Path(out), getattr(torch, out_dtype)  # a name of options.OUT_DTYPES
+        from .opening import as_out
+
+        self.sink = sink if hasattr(sink, "publish") else as_out(sink)
+        self.out, self.dtype = self.sink.folder, getattr(torch, out_dtype)  # a name of options.OUT_DTYPES
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
         self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds
         self.pooled_only = metadata.get("store") == "pooled"
         self.out.mkdir(parents=True, exist_ok=True)
-        self.on_rows = on_rows or (lambda rows: append_rows(self.out, rows))
         # rows this writer saved; None where its rows are not the run's (a Ray task's): an error
         # then cannot tell whether the run saved any
-        self.saved: int | None = None if name is not None else 0
-        # OUT at a URL: each shard goes to the store once written here, before its rows (mirror.py)
-        self.publish = publish
-        if name is None:
-            self.next_shard = next_shard_number(self.out)
-            name = LOCAL_NAME.format
-        else:
-            self.next_shard = 0
-        self.name = name
+        self.saved: int | None = 0 if self.sink.records else None
+        self.next_shard = self.sink.next_shard()
         self.pending: list[Pending] = []
         self.bytes = 0
         self.last_flush = time.monotonic()
@@ -137,7 +144,7 @@ class ShardWriter:
         """
         self._join()
         if self.pending:
-            name = self.name(self.next_shard)
+            name = self.sink.shard_name(self.next_shard)
             if any(p.frames for p in self.pending):
                 self.next_shard += 1
             self._writing = self._thread().submit(self._write, self.pending, name)
@@ -181,11 +188,10 @@ class ShardWriter:
                 atomic_write(
                     self.out / name, lambda tmp: save_file(tensors, str(tmp), metadata=self.metadata)
                 )
-                if self.publish is not None:
-                    self.publish(self.out / name)
+                self.sink.publish(self.out / name)
                 for index, p in enumerate(ok):
                     p.row = p.row.replace(shard=name, index=index)
-            self.on_rows([p.row for p in pending])
+            self.sink.append([p.row for p in pending])
             if self.saved is not None:
                 self.saved += len(pending)
         except (OSError, SafetensorError) as e:
@@ -219,48 +225,3 @@ class ShardWriter:
             "pooled": torch.stack([p.mean for p in ok]).to(self.dtype),
             "frame_pooled": torch.cat([f for p in ok for f in p.frames]).to(self.dtype),
         }
-
-
-def next_shard_number(out: Path) -> int:
-    """Local shards are numbered on from the folder's highest (the store's, for a URL's mirror)."""
-    from .mirror import MIRRORS
-
-    if Path(out) in MIRRORS:
-        return MIRRORS[Path(out)].next_shard()
-    return 1 + max(
-        (
-            int(m.group(1))
-            for p in Path(out).iterdir()
-            if (m := SHARD_RE.match(p.name)) and m.group(1).isdigit()
-        ),
-        default=-1,
-    )
-
-
-def rewrite_shard(src: Path, keep: list[int], dst: Path) -> None:
-    """A copy of shard `src` holding only its items `keep` (in that order), written atomically to `dst`."""
-    with safe_open(str(src), framework="pt") as f:
-        meta = f.metadata()
-        t = {k: f.get_tensor(k) for k in f.keys()}
-    items, frames, item_frames = t["item_offsets"], t["frame_offsets"], t["item_frames"]
-    tokens, frame_sizes, item_sizes, frame_counts = [], [0], [0], [0]
-    kept = (
-        "tokens" if "tokens" in t else "frame_pooled"
-    )  # --store pooled: a row per frame, not per token
-    for i in keep:
-        a, b = item_frames[i].item(), item_frames[i + 1].item()
-        tokens.append(
-            t["tokens"][items[i] : items[i + 1]] if kept == "tokens" else t["frame_pooled"][a:b]
-        )
-        frame_sizes += (frames[a + 1 : b + 1] - frames[a:b]).tolist()
-        item_sizes.append((items[i + 1] - items[i]).item())
-        frame_counts.append(b - a)
-    tensors = {
-        kept: torch.cat(tokens),
-        "item_offsets": torch.tensor(item_sizes).cumsum(0),
-        "frame_offsets": torch.tensor(frame_sizes).cumsum(0),
-        "item_frames": torch.tensor(frame_counts).cumsum(0),
-    }
-    if "pooled" in t:
-        tensors["pooled"] = t["pooled"][keep].contiguous()
-    atomic_write(dst, lambda tmp: save_file(tensors, str(tmp), metadata=meta))

@@ -28,14 +28,13 @@ import time
 import uuid
 from pathlib import Path
 
-from ..errors import OutputError, UsageError, reason
+from ..errors import SAVED, OutputError, UsageError, reason
 from .lock import LOCK, alive, describe
 
 TRIES = 8  # attempts per request (backoff 0.25 s doubling to 8 s: 24 s of waits in all)
 RETRY_S = 45.0  # and no retry starts past this many seconds from a request's first attempt
 STALE_S = 600.0  # a lock its holder has not rewritten for this long is a dead run's
 RENEW_S = 60.0
-SAVED = "; the files finished before are saved, re-run to resume"  # what an OutputError mid-run adds
 
 
 class Store:

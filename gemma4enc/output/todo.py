@@ -4,7 +4,6 @@ with --hash) are done; a moved folder's files adopt their rows instead of being 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ..media import remote
 from ..media.discover import look
@@ -12,8 +11,9 @@ from ..media.kinds import DONE, Item
 from ..media.sources import exists
 from ..options import Options
 from ..rows import Status
-from .files import append_rows
 from .ledger import Ledger
+from .opening import as_out
+from .out import Out
 from .repair import LOST
 
 
@@ -78,7 +78,7 @@ class Unchanged:
 
 
 def still_to_do(
-    items: list[Item], out: Path, options: Options, ledger: Ledger | None = None
+    items: list[Item], out: Out, options: Options, ledger: Ledger | None = None
 ) -> list[Item]:
     """Files without a row for their current content: new, changed, or failed with --retry-failed.
 
@@ -90,7 +90,8 @@ def still_to_do(
     mtime is the same file under a moved or remounted root when the old path is gone (or is this
     file), and its row is adopted; with --hash, a matching sha256 adopts it wherever the old one is.
     """
-    ledger = ledger or Ledger.load(out)
+    out = as_out(out)
+    ledger = ledger or out.ledger()
     todo, refreshed = [], []
     for item in items:
         row = ledger.get(item.path)
@@ -125,7 +126,7 @@ def still_to_do(
                 refreshed.append(ledger.row(item.path) | {"mtime_ns": item.mtime_ns})
         elif row.mtime_ns != item.mtime_ns:
             todo.append(item)
-    append_rows(out, refreshed)
+    out.append(refreshed, later=True)  # a store sends them with the run's next rows
     return todo
 
 

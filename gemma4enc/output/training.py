@@ -22,7 +22,8 @@ import torch
 
 from ..media.remote import is_url
 from . import gemma
-from .mirror import shard_file
+from .openreader import open_reader
+from .out import Out
 
 KINDS = ("image", "video")
 # where a chat-template media part names its file, in the order transformers' processors look
@@ -150,7 +151,7 @@ def _headers(emb, shards: set[str]) -> dict[str, dict]:
 
     headers = {}
     for shard in sorted(shards):
-        with safe_open(str(shard_file(emb.out, shard)), framework="pt") as f:
+        with safe_open(str(emb.out.shard_path(shard)), framework="pt") as f:
             headers[shard] = f.metadata() or {}
     return headers
 
@@ -219,13 +220,12 @@ def check(emb, examples: list[dict], model=None, expect: dict | None = None) -> 
 # ---- the dataset -----------------------------------------------------------------------------
 
 
-def _has_tokens(out: Path) -> None:
+def _has_tokens(out: Out) -> None:
     """An OUT encoded with --store pooled keeps no tokens to train on: said before anything is read."""
-    try:
-        store = json.loads((Path(out) / "settings.json").read_text()).get("store")
-    except (OSError, ValueError):
+    settings = out.settings()
+    if settings is None:
         return  # no settings to tell by: check() looks at every shard's header
-    if store == "pooled":
+    if settings.get("store") == "pooled":
         raise TrainingDataError(
             f"{out} was encoded with --store pooled: it keeps each file's pooled vector, not the "
             "tokens the model is trained on; encode the media again into an OUT without --store pooled"
@@ -242,9 +242,7 @@ class Conversations(torch.utils.data.Dataset):
     in their stored dtype (the collator moves them onto the model)."""
 
     def __init__(self, out, conversations, model=None, expect: dict | None = None, root=None):
-        from .. import open as open_out
-
-        self.emb = out if hasattr(out, "frames") else open_out(out)
+        self.emb = out if hasattr(out, "frames") else open_reader(out)
         _has_tokens(self.emb.out)
         if isinstance(conversations, (str, os.PathLike)):
             root = Path(conversations).parent if root is None else root
@@ -263,12 +261,10 @@ class Conversations(torch.utils.data.Dataset):
     # DataLoader workers that spawn (macOS, Windows, CUDA setups) pickle the dataset: the reader
     # holds the open manifest, so a worker opens the OUT afresh
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "emb": os.fspath(self.emb.out)}
+        return {**self.__dict__, "emb": self.emb.out.url}
 
     def __setstate__(self, state: dict) -> None:
-        from .. import open as open_out
-
-        self.__dict__.update(state, emb=open_out(state["emb"]))
+        self.__dict__.update(state, emb=open_reader(state["emb"]))
 
     def as_dataset(self):
         """A `datasets.Dataset` of the example numbers, for trainers that take no other kind (TRL's
@@ -349,13 +345,11 @@ class Collator:
         template_kwargs: dict | None = None,
         out=None,
     ):
-        from .. import open as open_out
-
         self.source = out if isinstance(out, Conversations) else None
         if self.source is not None:
             self.emb = self.source.emb
         else:
-            self.emb = out if out is None or hasattr(out, "frames") else open_out(out)
+            self.emb = out if out is None or hasattr(out, "frames") else open_reader(out)
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         if not getattr(self.tokenizer, "is_fast", False):

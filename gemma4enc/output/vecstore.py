@@ -14,8 +14,8 @@ a file already there turns its old id dead (a tombstone, filtered out of every s
 one adds a new id (to the vectors and to the IVF index). Where the head or tail digest no longer
 matches (compaction, --overwrite, a replaced manifest), the cache is built again from the shards;
 where a quarter of the ids are dead or the size calls for another index, it is rebuilt from its
-own vectors. On a store OUT the files are fetched beside the mirror's manifest and uploaded back
-when they change. A folder that cannot be written gets the cache in a temporary folder, once.
+own vectors. On a store OUT the files are fetched beside its working copy's manifest and uploaded
+back when they change. A folder that cannot be written gets the cache in a temporary folder, once.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ from ..errors import UsageError
 from ..rows import Status
 from . import ann
 from .vecfile import VectorFile
-from .files import MANIFEST, atomic_write, not_an_output, temp_name
-from .mirror import MIRRORS, drop_fetched, shard_file
+from .files import atomic_write
+from .names import MANIFEST, not_an_output, temp_name
+from .opening import as_out
+from .out import Out
 from .npreader import NumpyEmbeddings, Shard
 from .vectors import _shard_records, hidden_size, placed, records
 
@@ -130,14 +132,12 @@ class Cache:
 
 def open_cache(out, log=lambda message: None, rebuild: bool = False) -> Cache:
     """OUT's cache, current with its manifest: read as it is, read on, or built (and kept in OUT)."""
-    out = Path(out)
-    if not (out / MANIFEST).exists():
+    out = as_out(out)
+    if not out.found():
         raise UsageError(not_an_output(out))
-    mirror = MIRRORS.get(out)
-    if mirror is not None:
-        _pull(mirror)
+    out.fetch_files((META, ROWS, PATHS, VECTORS, FAISS))  # a store keeps the cache beside its shards
     try:
-        cache, changed = _current(out, out, log, rebuild)
+        cache, changed = _current(out, out.folder, log, rebuild)
     except OSError as e:
         if not isinstance(e, PermissionError) and e.errno not in (30, 13):  # EROFS, EACCES
             raise
@@ -145,12 +145,12 @@ def open_cache(out, log=lambda message: None, rebuild: bool = False) -> Cache:
         folder = Path(tempfile.mkdtemp(prefix="gemma4enc-index-"))
         cache, changed = _current(out, folder, log, True)
         weakref.finalize(cache, shutil.rmtree, folder, True)  # removed with the cache
-    if mirror is not None and changed:
-        _push(mirror)
+    if changed:
+        out.send_files((ROWS, PATHS, VECTORS, FAISS), last=META)  # the meta last: all old or all new
     return cache
 
 
-def _current(out: Path, folder: Path, log, rebuild: bool) -> tuple[Cache, bool]:
+def _current(out: Out, folder: Path, log, rebuild: bool) -> tuple[Cache, bool]:
     with _locked(folder):
         meta = None if rebuild else _meta(folder)
         state = _state(out, folder, meta) if meta else "none"
@@ -203,20 +203,20 @@ def _digests(manifest: Path, end: int) -> dict:
     return {"head": hashlib.blake2b(head).hexdigest(), "tail": hashlib.blake2b(tail).hexdigest()}
 
 
-def _state(out: Path, folder: Path, meta: dict) -> str:
+def _state(out: Out, folder: Path, meta: dict) -> str:
     """fresh (as read), grown (rows appended since) or none (built again)."""
     try:
-        st = os.stat(out / MANIFEST)
+        st = os.stat(out.path(MANIFEST))
         sizes_ok = (folder / ROWS).stat().st_size == meta["rows_bytes"] and (
             (folder / VECTORS).stat().st_size >= meta["n"] * meta["dim"] * 2)
         if meta["spec"]["kind"] == "ivfpq":
             sizes_ok = sizes_ok and (folder / FAISS).stat().st_size == meta["faiss_bytes"]
     except (OSError, KeyError):
         return "none"
-    local = out not in MIRRORS  # a mirror's manifest is a new file every time: its bytes decide
+    local = not out.remote  # a store's manifest is a new copy every time: its bytes decide
     if not sizes_ok or st.st_size < meta["end"] or (local and st.st_ino != meta["ino"]):
         return "none"
-    if _digests(out / MANIFEST, meta["end"]) != meta["digests"]:
+    if _digests(out.path(MANIFEST), meta["end"]) != meta["digests"]:
         return "none"
     return "fresh" if st.st_size == meta["end"] else "grown"
 
@@ -270,7 +270,7 @@ def _int(value) -> int:
     return value if isinstance(value, int) and -(1 << 63) <= value < 1 << 63 else -1
 
 
-def _build(out: Path, folder: Path, log) -> None:
+def _build(out: Out, folder: Path, log) -> None:
     """Every latest ok row's vector, from the shards, then the index the size calls for."""
     emb = NumpyEmbeddings(out)
     end, ino = emb.ledger.end, emb.ledger.ino
@@ -294,7 +294,7 @@ def _build(out: Path, folder: Path, log) -> None:
     _finish(folder, out, all_rows, dim, end, ino, ann.choose(n, dim))
 
 
-def _finish(folder: Path, out: Path, rows: np.ndarray, dim: int, end: int, ino: int, spec: dict,
+def _finish(folder: Path, out: Out, rows: np.ndarray, dim: int, end: int, ino: int, spec: dict,
             index=None) -> None:
     """The IVF index trained and filled where the spec calls for one (or `index` as updated), the
     rows, and last the meta: until it is replaced, readers see the cache as it was."""
@@ -321,14 +321,14 @@ def _finish(folder: Path, out: Path, rows: np.ndarray, dim: int, end: int, ino: 
 
     atomic_write(folder / ROWS, save)
     meta = {"version": VERSION, "n": n, "dim": dim, "spec": spec, "end": end, "ino": ino,
-            "digests": _digests(out / MANIFEST, end), "rows_bytes": (folder / ROWS).stat().st_size,
+            "digests": _digests(out.path(MANIFEST), end), "rows_bytes": (folder / ROWS).stat().st_size,
             "faiss_bytes": faiss_bytes}
     atomic_write(folder / META, lambda tmp: tmp.write_text(json.dumps(meta)))
 
 
-def _append(out: Path, folder: Path, meta: dict, log) -> None:
+def _append(out: Out, folder: Path, meta: dict, log) -> None:
     """The rows appended to the manifest since: superseded ids dead, ok rows' vectors added."""
-    with open(out / MANIFEST, "rb") as f:
+    with open(out.path(MANIFEST), "rb") as f:
         f.seek(meta["end"])
         data = f.read()
     data = data[: data.rfind(b"\n") + 1]
@@ -360,11 +360,11 @@ def _append(out: Path, folder: Path, meta: dict, log) -> None:
         if index is not None:
             index.add(unit16(vectors).astype(np.float32))
     rows = writer.close()
-    ino = os.stat(out / MANIFEST).st_ino
+    ino = os.stat(out.path(MANIFEST)).st_ino
     _finish(folder, out, rows, dim, meta["end"] + len(data), ino, meta["spec"], index)
 
 
-def _new_vectors(out: Path, new: list[dict], dim: int):
+def _new_vectors(out: Out, new: list[dict], dim: int):
     """(vectors, rows) of the appended ok rows, shard by shard, read as the full build reads them."""
     by_shard: dict[str, list[dict]] = {}
     for row in new:
@@ -372,14 +372,14 @@ def _new_vectors(out: Path, new: list[dict], dim: int):
     for name in sorted(by_shard):
         rows = sorted(by_shard[name], key=lambda r: r["index"])
         try:
-            shard = Shard(shard_file(out, name))
+            shard = Shard(out.shard_path(name))
         except (OSError, ValueError) as e:
-            raise UsageError(f"{out / name}: {getattr(e, 'strerror', None) or e}; "
+            raise UsageError(f"{out.named(name)}: {getattr(e, 'strerror', None) or e}; "
                              f"gemma4enc verify {out} --repair encodes its files again") from None
         try:
             pooled = np.stack([rec.pooled for rec in _shard_records(shard, rows, False, False)])
         finally:
-            drop_fetched(out, name)
+            out.drop(name)
         yield pooled.reshape(len(rows), dim), rows
 
 
@@ -392,7 +392,7 @@ def _needs_rebuild(cache: Cache) -> bool:
     return spec["kind"] == "ivfpq" and cache.live > 4 * cache.spec["trained_n"]
 
 
-def _compact(cache: Cache, folder: Path, out: Path) -> None:
+def _compact(cache: Cache, folder: Path, out: Out) -> None:
     """The cache rebuilt from its own live vectors (no shard read): tombstones gone, index chosen anew."""
     live = cache.live_ids()
     meta, dim = cache.meta, cache.dim
@@ -414,21 +414,3 @@ def _compact(cache: Cache, folder: Path, out: Path) -> None:
     os.replace(tmp, folder / VECTORS)
     os.replace(paths_tmp, folder / PATHS)
     _finish(folder, out, rows, dim, meta["end"], meta["ino"], ann.choose(len(live), dim))
-
-
-def _pull(mirror) -> None:
-    """The store's cache files beside the mirror's manifest (absent ones stay absent)."""
-    listed = mirror.store.names()
-    for name in (META, ROWS, PATHS, VECTORS, FAISS):
-        if name in listed:
-            mirror.store.download(name, mirror.path / name)
-
-
-def _push(mirror) -> None:
-    """The cache's files to the store, the meta last (a reader sees the old meta or the whole new cache)."""
-    for name in (ROWS, PATHS, VECTORS, FAISS):
-        if (mirror.path / name).exists():
-            mirror.store.upload(mirror.path / name, name)
-        else:
-            mirror.store.delete([name])
-    mirror.store.upload(mirror.path / META, META)

@@ -16,7 +16,6 @@ import numpy as np
 
 from ..errors import UsageError
 from .npreader import Rows, Shard
-from .mirror import drop_fetched, shard_file
 
 WINDOW = 1 << 12  # pooled rows read at once (stored rows between the wanted ones included)
 
@@ -60,15 +59,15 @@ def records(emb: Rows, per_frame: bool = False, tokens: bool = False, shards=Non
         try:
             yield from _shard_records(shard, rows, per_frame, tokens)
         finally:
-            drop_fetched(emb.out, name)  # OUT in a store: the disk holds one shard at a time
+            emb.out.drop(name)  # OUT in a store: the disk holds one shard at a time
 
 
 def _open(emb: Rows, name: str) -> Shard:
     try:
-        return Shard(shard_file(emb.out, name))
+        return Shard(emb.out.shard_path(name))
     except (OSError, ValueError) as e:
         raise UsageError(
-            f"{emb.out / name}: {getattr(e, 'strerror', None) or e}; "
+            f"{emb.out.named(name)}: {getattr(e, 'strerror', None) or e}; "
             f"gemma4enc verify {emb.out} --repair encodes its files again"
         ) from None
 

@@ -8,19 +8,18 @@ holds OUT's lock and picks the engine. `run` is the context they share, fixed fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..options import Options
 
 if TYPE_CHECKING:
     from ..media.workers import DecodePool
-    from ..output.mirror import Mirror
+    from ..output.out import Out
 
 
 @dataclass(frozen=True)
 class Run:
-    out: Path  # the output folder, locked by the caller
+    out: Out  # OUT, locked by the caller: shards and rows go to it (a store's as they are written)
     options: Options
     bar: Callable  # bar(total files) -> a pipeline.Progress with advance() and close()
     log: Callable[[str], None]  # one message line for the user
@@ -29,4 +28,3 @@ class Run:
     pool: DecodePool | None = (
         None  # decode workers the caller started early (local engine), else the engine's own
     )
-    mirror: Mirror | None = None  # OUT at a URL: `out` is its local mirror, the store gets what is written

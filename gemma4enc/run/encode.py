@@ -3,26 +3,36 @@ the engine, the summary. `encode` is what the command does; `encode_files` the r
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import TooManyFailures, UsageError, first_lines, reason
+from ..errors import TooManyFailures, UsageError, first_lines
 from ..media.kinds import Item
 from ..options import Options
-from ..output.compact import compact, maybe_compact
-from ..output.files import MANIFEST
 from ..output.ledger import Ledger
-from ..output.lock import Lock, describe
-from ..output.settings import SETTINGS, prepare_out, read_settings, write_settings
+from ..output.lock import describe
+from ..output.names import SETTINGS
+from ..output.opening import as_out, open_out
+from ..output.out import Out
 from ..output.todo import Unchanged, still_to_do
 from ..rows import Status
 from .context import Run
 
 
+@dataclass(frozen=True)
+class Walk:
+    """How discovery walks the roots: the encode command's own options for it."""
+
+    files_from: str | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    hidden: bool = False
+    null: bool = False
+
+
 def encode(
     roots,
-    out: Path,
+    out,
     flags: dict | None = None,
     given=(),
     *,
@@ -38,81 +48,59 @@ def encode(
 ) -> dict:
     """`gemma4enc encode`, for the command and for library callers (verify --repair, search) alike.
 
-    `flags`: settings by Options field name (frames/fps/max_frames for the sampling; the rest take
-    their defaults); `given`: the names the user gave. For the output-shaping settings not given,
-    OUT/settings.json is read back (Options.resume), and what it changed is logged. The summary
-    --json prints, with `skipped_not_media`. `found`: instead of roots, the files as
-    (path, root, rel), each kept under the root a walk found it in (verify --repair's files:
-    their rows keep `root` and `rel`, so a moved folder is still recognised)."""
-    from ..media.remote import is_url
+    `out`: OUT as the user named it (a folder or a URL). `flags`: settings by Options field name
+    (frames/fps/max_frames for the sampling; the rest take their defaults); `given`: the names the
+    user gave. For the output-shaping settings not given, OUT/settings.json is read back
+    (Options.resume), and what it changed is logged. The summary --json prints, with
+    `skipped_not_media`. `found`: instead of roots, the files as (path, root, rel), each kept
+    under the root a walk found it in (verify --repair's files: their rows keep `root` and `rel`,
+    so a moved folder is still recognised)."""
     from .tempsweep import sweep
 
     log = log or (lambda message: None)
     sweep()  # the temp folders of runs killed with kill -9
-    walk = (files_from, list(include or []), list(exclude or []), hidden, null, found)
-    if not is_url(str(out)):
-        return _encode(roots, Path(out), flags, given, walk, overwrite, bar, log)
-    from ..output.mirror import Mirror
+    walk = Walk(files_from, tuple(include or ()), tuple(exclude or ()), hidden, null)
+    with open_out(out, write=True, overwrite=overwrite) as out:  # a store is locked here (out.py)
+        saved = None if overwrite else out.settings()  # a re-run may omit the flags
+        options, notes = Options.resume(saved, flags or {}, given, where=out.named(SETTINGS))
+        for note in notes:
+            log(note)
+        if not roots and not walk.files_from and not found:
+            raise UsageError("nothing to encode: give folders or files, or --files-from")
+        ledger = Ledger(out.folder) if overwrite else out.ledger()  # read once: discovery skips known files
+        unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
+        counts = {}  # skipped as not media, counted as discovery goes on
+        chunks = _found(found, unchanged, counts) if found else _discovered(roots, walk, out, unchanged, counts)
+        items = next(chunks)  # the rest is found as the engine reaches it, under OUT's lock
+        report = encode_files(
+            items,
+            out,
+            options,
+            bar=bar or _Quiet,
+            log=log,
+            overwrite=overwrite,
+            ledger=ledger,
+            unchanged=unchanged,
+            more=None if counts.get("last") else chunks,
+        )
+        return report | {"skipped_not_media": counts["skipped"], "shard_sizes": out.shard_sizes()}
 
-    # OUT in a store: the run works on a local mirror of it, under the store's lock
-    mirror = Mirror(str(out))
-    try:
-        with mirror.locked(overwrite) as held:
-            if held.lock.previous:
-                log(
-                    f"took over the lock of an earlier run that is gone ({describe(held.lock.previous)})"
-                )
-            report = _encode(roots, held.path, flags, given, walk, overwrite, bar, log, held)
-            held.relist()
-    finally:
-        mirror.close()
-    return report | {"out": mirror.url, "shard_sizes": list(mirror.shards.values())}
 
-
-def _encode(roots, out: Path, flags, given, walk: tuple, overwrite: bool, bar, log, mirror=None) -> dict:
-    """encode() on a local folder: OUT itself, or a store's mirror. `walk`: files_from, include,
-    exclude, hidden, null, as discovery takes them, and `found` (see encode)."""
+def _discovered(roots, walk: Walk, out: Out, unchanged: Unchanged, counts: dict):
+    """discover_chunks over the roots, OUT itself left out of the walk."""
     from ..media.discover import discover_chunks
 
-    files_from, include, exclude, hidden, null, found = walk
-    if out.exists() and not out.is_dir():  # /dev/null, a file: not "File exists" from mkdir
-        kind = "a file" if out.is_file() else "not a folder"
-        raise UsageError(f"-o {out}: {kind}; OUT is the folder the shards and manifest go in (new, or one encode made)")
-    saved = None if overwrite else read_settings(out)  # a re-run may omit the flags
-    shown = f"{mirror.url}/{SETTINGS}" if mirror is not None else str(out / SETTINGS)
-    options, notes = Options.resume(saved, flags or {}, given, where=shown)
-    for note in notes:
-        log(note)
-    if not roots and not files_from and not found:
-        raise UsageError("nothing to encode: give folders or files, or --files-from")
-    ledger = Ledger(out) if overwrite else Ledger.load(out)  # read once: discovery skips known files
-    unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
-    counts = {}  # skipped as not media, counted as discovery goes on
-    chunks = _found(found, unchanged, counts) if found else discover_chunks(
+    return discover_chunks(
         list(roots or []),
-        files_from,
-        include,
-        exclude,
-        hidden,
-        null,
-        str(out),
+        walk.files_from,
+        list(walk.include),
+        list(walk.exclude),
+        walk.hidden,
+        walk.null,
+        str(out.folder),
         known=unchanged.known,
         counts=counts,
     )
-    items = next(chunks)  # the rest is found as the engine reaches it, under OUT's lock
-    report = encode_files(
-        items,
-        out,
-        options,
-        bar=bar or _Quiet,
-        log=log,
-        overwrite=overwrite,
-        ledger=ledger,
-        unchanged=unchanged,
-        more=None if counts.get("last") else chunks,
-        mirror=mirror,
-    )
-    return report | {"skipped_not_media": counts["skipped"]}
 
 
 def _found(found, unchanged: Unchanged, counts: dict):
@@ -139,7 +127,7 @@ class _Quiet:
 
 def encode_files(
     items: list[Item],
-    out: Path,
+    out: Out,
     options: Options,
     bar,
     log=None,
@@ -147,33 +135,69 @@ def encode_files(
     ledger: Ledger | None = None,
     unchanged: Unchanged | None = None,
     more=None,
-    mirror=None,
 ) -> dict:
     """The whole run, under OUT's lock, on the chosen engine; returns the summary that --json prints.
 
-    `ledger`: OUT's manifest as discovery read it (read on here, not again from the start).
-    `unchanged`: the files discovery left out of `items` as done (counted, looked at again if
-    their rows changed meanwhile).
-    `more`: discovery's further chunks (discover_chunks), decided as the engine reaches them
-    (run/stream.py); the Ray driver takes them in rounds (run/ray.ROUND_FILES).
-    `mirror`: where OUT is a URL, its mirror (output/mirror.py), `out` its local folder, both
-    locked by the caller: shards and rows go on to the store as they are written.
+    `out`: OUT (output/out.py; a path is taken for a folder). `ledger`: OUT's manifest as discovery
+    read it (read on here, not again from the start). `unchanged`: the files discovery left out of
+    `items` as done (counted, looked at again if their rows changed meanwhile). `more`: discovery's
+    further chunks (discover_chunks), decided as the engine reaches them (run/stream.py); the Ray
+    driver takes them in rounds (run/ray.ROUND_FILES).
     """
+    from .preflight import preflight
+
+    out = as_out(out)
+    log = log or (lambda message: None)
+    rerun = not overwrite and out.path(SETTINGS).exists()
+    options, extra, deferred, pool = _checked(items, options, rerun)
+    created = not out.folder.exists()
+    try:
+        with out.locked() as lock:
+            if lock is not None and lock.previous:
+                log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
+            ledger = ledger or Ledger(out.folder)
+            for note in out.prepare(options, overwrite, extra, ledger):
+                log(note)
+            todo, stream, found = _to_do(items, out, options, ledger, unchanged, more)
+            appended_from = ledger.path.stat().st_size if stream is not None and ledger.path.exists() else 0
+            if todo and deferred:  # now the model will load: find it, check the devices
+                options, extra = preflight(options)
+            if stream is not None:
+                bar = _watched(bar, stream)
+            run = Run(out, options, bar, log, done=found - len(todo), pool=pool,
+                      ready=lambda: out.record_settings(options, extra))  # once the model has loaded
+            try:
+                summary = _engine(options.engine)(todo, run) if todo else _nothing_to_do(run, checked=not deferred)
+            except TooManyFailures as e:
+                raise TooManyFailures(f"{e}; finished files are saved ({out.rows_hint()})") from None
+            found, done, failures = _outcome(todo, stream, found, ledger, appended_from, unchanged)
+            out.sync()  # rows appended here and not yet sent (files found unchanged, moved)
+            note = out.maybe_compact(ledger)
+            if note:
+                log(note)
+    except UsageError:
+        if created and out.folder.is_dir() and not any(out.folder.iterdir()):
+            out.folder.rmdir()  # the folder this run made for nothing
+        raise
+    finally:
+        if pool is not None:
+            pool.close()  # workers no map() took (the run ended before decoding); the engine stops its own
+    if failures:
+        log(f"{len(failures)} file(s) failed: {first_lines(failures)} ({out.rows_hint()})")
+    return _summary(out, found, done, summary, options)
+
+
+def _checked(items: list[Item], options: Options, rerun: bool):
+    """(options, extra, deferred, pool) once the model and devices are checked (OUT untouched).
+
+    A re-run into a folder a loaded model made checks them only if there is work (`deferred`);
+    decode workers may start first, while torch imports (early_pool)."""
     from .preflight import can_wait, named, preflight
 
-    out = Path(out)
-    log = log or (lambda message: None)
-    where = mirror.url if mirror is not None else out  # OUT as the user named it, for messages
-    # where a person reads the rows: a store's manifest is in parts (its manifest.jsonl may be empty)
-    see = f"see {where}/{MANIFEST}" if mirror is None else f"see gemma4enc inspect {where}"
-    rerun = not overwrite and (out / SETTINGS).exists()
-    # a re-run into a folder a loaded model made checks the model and devices only if there is work
     deferred = rerun and can_wait(options)
     pool = early_pool(items, options, rerun)
     try:
-        options, extra = (
-            (named(options), {"revision": None}) if deferred else preflight(options)
-        )  # OUT untouched
+        options, extra = (named(options), {"revision": None}) if deferred else preflight(options)
     except BaseException:
         if pool is not None:
             pool.close()
@@ -182,86 +206,45 @@ def encode_files(
         from ..model.load import resolve_dtype
 
         options = replace(options, dtype=resolve_dtype(options))
-    created = not out.exists()
-    try:
-        with _locked(out) as lock:
-            if lock.previous:
-                log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
-            ledger = ledger or Ledger(out)
-            for note in prepare_out(
-                out, options, overwrite, extra, ledger, repair=mirror.repair if mirror else None
-            ):
-                log(note)
-            if unchanged is not None:
-                items = unchanged.again(items)
-            todo = still_to_do(items, out, options, ledger)
-            stream = None
-            if more is not None:
-                from .stream import Stream
+    return options, extra, deferred, pool
 
-                stream = Stream(
-                    items, todo, more, lambda chunk: still_to_do(chunk, out, options, ledger)
-                )
-                todo = stream.primed()
-                items = ()
-            appended_from = (
-                ledger.path.stat().st_size if stream is not None and ledger.path.exists() else 0
-            )
-            # the files discovery found, done ones counted only
-            found = (stream.found if stream else len(items)) + len(unchanged or ())
-            if todo and deferred:
-                options, extra = preflight(
-                    options
-                )  # now the model will load: find it, check the devices
-            ready = lambda: _record_settings(out, options, extra, mirror)  # noqa: E731 - once the model has loaded
-            if stream is not None:
-                bar = _watched(bar, stream)
-            run = Run(
-                out, options, bar, log, done=found - len(todo), ready=ready, pool=pool, mirror=mirror
-            )
-            try:
-                summary = (
-                    _engine(options.engine)(todo, run)
-                    if todo
-                    else _nothing_to_do(run, checked=not deferred)
-                )
-            except TooManyFailures as e:
-                raise TooManyFailures(
-                    f"{e}; finished files are saved ({see})"
-                ) from None
-            if stream is not None:  # no list of the files to look them up by: the rows this run appended
-                from .stream import failures_since
 
-                found, done = (
-                    stream.found + len(unchanged or ()),
-                    stream.found + len(unchanged or ()) - stream.todo,
-                )
-                names, count = failures_since(out, appended_from) if todo else ([], 0)
-                failures = names + [""] * (count - len(names))
-            if mirror is not None:
-                mirror.push()  # rows appended here and not yet sent (files found unchanged, moved)
-            ledger.refresh()  # only the rows this run appended
-            if stream is None:
-                done = found - len(todo)
-                failures = [
-                    f"{Path(i.path).name}: {r.status}"
-                    for i in todo
-                    if (r := ledger.get(i.path)) and r.status != Status.OK
-                ]
-            note = compact_parts(mirror, ledger) if mirror else maybe_compact(out, ledger)
-            if note:
-                log(note)
-    except UsageError:
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # the folder this run made for nothing
-        raise
-    finally:
-        if pool is not None:
-            pool.close()  # workers no map() took (the run ended before decoding); the engine stops its own
-    if failures:
-        log(f"{len(failures)} file(s) failed: {first_lines(failures)} ({see})")
+def _to_do(items, out: Out, options: Options, ledger: Ledger, unchanged, more):
+    """(the files to encode, the Stream of later chunks or None, the files discovery found)."""
+    if unchanged is not None:
+        items = unchanged.again(items)
+    todo = still_to_do(items, out, options, ledger)
+    stream = None
+    if more is not None:
+        from .stream import Stream
+
+        stream = Stream(items, todo, more, lambda chunk: still_to_do(chunk, out, options, ledger))
+        todo = stream.primed()
+        items = ()
+    # the files discovery found, done ones counted only
+    found = (stream.found if stream else len(items)) + len(unchanged or ())
+    return todo, stream, found
+
+
+def _outcome(todo, stream, found: int, ledger: Ledger, appended_from: int, unchanged):
+    """(files found, done before, failures as "name: status") once the engine is through."""
+    if stream is not None:  # no list of the files to look them up by: the rows this run appended
+        from .stream import failures_since
+
+        found = stream.found + len(unchanged or ())
+        names, count = failures_since(ledger.path, appended_from) if todo else ([], 0)
+        ledger.refresh()  # only the rows this run appended
+        return found, found - stream.todo, names + [""] * (count - len(names))
+    ledger.refresh()
+    failures = [
+        f"{Path(i.path).name}: {r.status}" for i in todo if (r := ledger.get(i.path)) and r.status != Status.OK
+    ]
+    return found, found - len(todo), failures
+
+
+def _summary(out: Out, found: int, done: int, summary, options: Options) -> dict:
     return {
-        "out": str(out),
+        "out": out.url,
         "files": found,
         "done_before": done,
         "encoded": summary.ok,
@@ -276,28 +259,6 @@ def encode_files(
         "engine": options.engine,
         **summary.where,
     }
-
-
-# a run on a store merges its manifest parts into the base once there are this many: a re-run
-# reads every part (a request each), the base in one
-AUTO_PARTS = 1000
-
-
-def compact_parts(mirror, ledger: Ledger) -> str | None:
-    """A store's manifest parts merged into its base once there are AUTO_PARTS (call under its
-    lock, at the end of a run; `compact` does it whatever their number)."""
-    parts = len(mirror.parts)
-    if parts < AUTO_PARTS:
-        return None
-    report = compact(mirror.path, ledger)
-    mirror.commit_compaction()
-    return f"merged {parts} manifest parts into {mirror.url}/{MANIFEST} ({report['rows_after']} rows)"
-
-
-def _record_settings(out: Path, options: Options, extra, mirror) -> None:
-    write_settings(out, options, extra)
-    if mirror is not None:
-        mirror.push_settings()
 
 
 def _watched(bar, stream):
@@ -317,21 +278,6 @@ def early_pool(items: list[Item], options: Options, rerun: bool):
     from ..media.workers import DecodePool
 
     return DecodePool(options, options.workers, options.decode_timeout).start(head=items)
-
-
-@contextlib.contextmanager
-def _locked(out: Path):
-    """OUT made and locked; a folder we cannot write to (read-only, immutable, full) is a usage error."""
-    lock = Lock(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        lock.acquire()
-    except OSError as e:
-        raise UsageError(f"cannot write to {out}: {reason(e)}") from None
-    try:
-        yield lock
-    finally:
-        lock.release()
 
 
 def _engine(name: str):

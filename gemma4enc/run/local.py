@@ -46,16 +46,13 @@ def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
         f"{run.done + len(todo)} files, {run.done} already done; {names}, {dtype}, "
         f"batching {mode}, ≤{max_patches} patches per call; model loaded in {time.perf_counter() - start:.1f} s"
     )
-    mirror = run.mirror  # OUT at a URL: each shard uploaded, then its rows sent as a manifest part
     writer = ShardWriter(
-        run.out,
+        run.out,  # OUT at a URL: each shard uploaded, then its rows sent as a manifest part
         options.out_dtype,
         shard_metadata(options, tower),
         options.shard_bytes,
         options.pooled,
         options.flush_seconds,
-        on_rows=mirror.append if mirror else None,
-        publish=mirror.publish if mirror else None,
     )
     progress = run.bar(len(todo))
     try:

@@ -43,7 +43,7 @@ from ..errors import OutputError, UsageError, output_error
 from ..media.kinds import Item
 from ..media.remote import is_url
 from ..options import Options
-from ..output.files import MANIFEST, SHARD_RE, append_rows
+from ..output.names import MANIFEST, task_shard_name
 from ..rows import Row, Status
 from .context import Run
 from .pipeline import Progress, Summary, failed_row
@@ -104,12 +104,6 @@ class TaskEncoder:
             self.store = Store(out)
             self.store.reached = True  # the driver reached it: a failure here is the store's, retried
 
-    def _publish(self, local: Path) -> None:
-        try:
-            self.store.upload(local, local.name)
-        finally:
-            local.unlink(missing_ok=True)  # uploaded, or the task fails and is tried again whole
-
     def __call__(self, batch: dict) -> dict:
         task = {"id": str(batch["id"][0]), "items": str(batch["items"][0])}
         if self.store is None:
@@ -127,17 +121,15 @@ class TaskEncoder:
         from ..output.shards import ShardWriter
         from .pipeline import run
 
-        rows: list[Row] = []
+        sink = TaskSink(Path(out), task["id"], self.store)
+        rows = sink.rows
         writer = ShardWriter(
-            out,
+            sink,
             self.options.out_dtype,
             self.metadata,
             self.options.shard_bytes,
             self.options.pooled,
             flush_seconds=float("inf"),
-            name=f"shard-{task['id']}-{{:03d}}.safetensors".format,
-            on_rows=rows.extend,
-            publish=self._publish if self.store is not None else None,
         )
         patches, error = 0, ""
         try:
@@ -162,6 +154,35 @@ class TaskEncoder:
             "patches": [patches],
             "error": [error],
         }
+
+
+class TaskSink:
+    """Where a task's ShardWriter puts its shards and rows (output/shards.ShardSink): shards named
+    by the task (shard-<task>-NNN), uploaded where OUT is a store, and the rows kept for the
+    driver, which owns the manifest. The actor never takes OUT's lock nor reads its manifest."""
+
+    records = False  # the rows are the driver's to record
+
+    def __init__(self, folder: Path, task: str, store=None):
+        self.folder, self.task, self.store = folder, task, store
+        self.rows: list[Row] = []
+
+    def next_shard(self) -> int:
+        return 0
+
+    def shard_name(self, k: int) -> str:
+        return task_shard_name(self.task, k)
+
+    def publish(self, path: Path) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.upload(path, path.name)
+        finally:
+            path.unlink(missing_ok=True)  # uploaded, or the task fails and is tried again whole
+
+    def append(self, rows: list) -> None:
+        self.rows.extend(rows)
 
 
 @dataclass(frozen=True)
@@ -278,8 +299,8 @@ def _encode_round(driver: _Driver, files: list[Item], task_files: int) -> None:
 
 
 def _actors_out(run: Run) -> str:
-    """OUT as the actors reach it: its URL where it is in a store (the driver's mirror is local)."""
-    return run.mirror.url if run.mirror is not None else str(run.out)
+    """OUT as the actors reach it: its URL where it is in a store (the driver's copy is local)."""
+    return run.out.for_actors()
 
 
 def _first_actor_start(ray, run: Run, pool: Pool) -> float:
@@ -376,16 +397,7 @@ class _Driver:
         """The shards of tasks that died after writing a shard, before their rows came back."""
         if not lost:
             return
-        mirror, out = self.run.mirror, self.run.out
-        ids = tuple(f"shard-{t['id']}-" for t in lost)
-        if mirror is not None:
-            mirror.store.delete(
-                n for n in mirror.store.names() if n.startswith(ids) and SHARD_RE.match(n)
-            )
-            return
-        for p in out.iterdir():
-            if p.name.startswith(ids) and SHARD_RE.match(p.name):
-                p.unlink(missing_ok=True)
+        self.run.out.remove_shards(tuple(f"shard-{t['id']}-" for t in lost))
 
     @contextlib.contextmanager
     def _watch_room(self):
@@ -447,12 +459,9 @@ class _Driver:
     def record(self, rows: list[Row], patches: int, task: str = "") -> None:
         """Rows into the manifest (a store's: as one part per task, named after it)."""
         try:
-            if self.run.mirror is not None:
-                self.run.mirror.append(rows, tag=task)
-            else:
-                append_rows(self.run.out, rows)
+            self.run.out.append(rows, tag=task)
         except OSError as e:
-            raise output_error(MANIFEST, self.run.out, e) from None
+            raise output_error(MANIFEST, self.run.out.folder, e) from None
         self.summary.record(rows, patches)
         self.progress.advance(len(rows), patches)
         self.summary.check(self.run.options.max_failures)

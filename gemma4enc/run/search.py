@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
-from ..output.mirror import local_out
+from ..output.opening import reading
+from ..output.out import Out
 from ..output.npreader import NumpyEmbeddings, key_of
-from ..output.settings import SETTINGS, read_settings
+from ..output.names import SETTINGS
 from ..output.vecstore import open_cache
 from ..output.vectors import records
 from . import dedup
@@ -47,8 +48,9 @@ class Searcher:
         self.out, self.device, self.log, self.nprobe = out, device, log, nprobe  # nprobe: IVF lists searched
         self._stack = contextlib.ExitStack()
         try:
-            self.folder = self._stack.enter_context(local_out(out, need=True))
-            self.cache = open_cache(self.folder, log, rebuild)
+            # an Out is the caller's to close; OUT as named is opened (and closed) here
+            self.out = out if isinstance(out, Out) else self._stack.enter_context(reading(out))
+            self.cache = open_cache(self.out, log, rebuild)
         except BaseException:
             self._stack.close()
             raise
@@ -103,7 +105,7 @@ class Searcher:
             self.log(f"encoding {len(set(new))} file(s) {self.out} lacks, with its settings")
         # encode's own lines (model loaded, worker advice, a temp OUT) are about a run the user did not
         # start: kept quiet; a query that fails says why in the results
-        encoded = encode_files(self.folder, sorted(set(new)), self.device, bar, lambda m: None) if new else {}
+        encoded = encode_files(self.out, sorted(set(new)), self.device, bar, lambda m: None) if new else {}
         for f in [f for f, s in sources.items() if s == "encoded"]:
             vector = encoded.get(key_of(f))
             if isinstance(vector, np.ndarray):
@@ -185,13 +187,13 @@ def _unchanged(path: str, row) -> bool:
     return (st.st_size, st.st_mtime_ns) == (int(row["size"]), int(row["mtime"]))
 
 
-def encode_files(out: Path, paths: list[str], device: str, bar, log) -> dict:
+def encode_files(out: Out, paths: list[str], device: str, bar, log) -> dict:
     """path → pooled vector (float32), or the reason it has none: each encoded as OUT's settings say."""
     from ..media.discover import discover
     from ..options import Options
     from .encode import encode_files as run
 
-    saved = read_settings(out)
+    saved = out.settings()
     if saved is None:
         raise UsageError(
             f"{out}: no {SETTINGS}, so its settings are unknown; cannot encode new files like it"

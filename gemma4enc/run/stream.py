@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..media.kinds import Item
-from ..output.files import MANIFEST
 from ..rows import Status
 
 
@@ -67,11 +66,11 @@ class Stream:
                 return
 
 
-def failures_since(out: Path, offset: int, limit: int = 20) -> tuple[list[str], int]:
-    """(the first `limit` failed file names, how many failed) among the rows appended past `offset`:
-    a streamed run keeps no list of its files to look them up by."""
+def failures_since(manifest: Path, offset: int, limit: int = 20) -> tuple[list[str], int]:
+    """(the first `limit` failed file names, how many failed) among the rows `manifest` gained past
+    `offset`: a streamed run keeps no list of its files to look them up by."""
     names, count = [], 0
-    with open(Path(out) / MANIFEST, "rb") as f:
+    with open(manifest, "rb") as f:
         f.seek(offset)
         for line in f:
             try:

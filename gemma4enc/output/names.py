@@ -1,0 +1,52 @@
+"""OUT's names and patterns, in one place: what gemma4enc writes in an output folder (or under a
+store's prefix), and so what it may clean up there and nothing else.
+
+  settings.json                      the settings that shape the output, recorded once
+  manifest.jsonl                     one row per input file, appended; the latest row of a path wins
+  manifest.parts/NNNNNNNNNNNN-RUN.jsonl   a store's rows written since its base (storeout.py)
+  shard-NNNNNN.safetensors           a local run's shards; shard-<task>-NNN from a Ray task
+  gemma4enc.lock                     while a run holds OUT
+  search-index.*                     search's cache (vecstore.py)
+  .gemma4enc-<name>.<pid>.tmp        a write in flight (gone once it is renamed into place)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+MANIFEST = "manifest.jsonl"
+SETTINGS = "settings.json"  # OUT's record of the settings that shape the output
+LOCK = "gemma4enc.lock"
+SEARCH_INDEX = (  # search's cache (output/vecstore.py)
+    "search-index.json", "search-index.vectors", "search-index.rows.npy", "search-index.paths",
+    "search-index.faiss", "search-index.lock",
+)
+PARTS = "manifest.parts"  # a store's manifest parts (storeout.py)
+COMPACTED = "~compacted.jsonl"
+PART_RE = re.compile(r"^manifest\.parts/(\d{12})[-~][^/]*\.jsonl$")
+
+# shard-000012 from a local run; shard-<16 hex of the task's files>-000 from a Ray task
+SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
+LOCAL_NAME = "shard-{:06d}.safetensors"  # a local run's k-th shard
+
+# our temp files, and only ours (a user's .draft.tmp in OUT is never touched): .gemma4enc-<name>.<pid>.tmp,
+# and the names earlier versions used (.<our file>.<pid>.tmp, .write-test-<pid>.tmp)
+TEMP_RE = re.compile(
+    r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
+    r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$"
+)
+
+
+def temp_name(name: str) -> str:
+    return f".gemma4enc-{name}.{os.getpid()}.tmp"
+
+
+def task_shard_name(task: str, k: int) -> str:
+    """The k-th shard of a Ray task: named by the task's files, so a retried task overwrites its own."""
+    return f"shard-{task}-{k:03d}.safetensors"
+
+
+def not_an_output(out) -> str:
+    """What every command says of a folder without a manifest."""
+    return f"{out}: no {MANIFEST}; is this a gemma4enc output folder?"

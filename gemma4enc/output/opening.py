@@ -1,0 +1,59 @@
+"""OUT as the user names it (a folder, a URL) → its `Out` (out.py): the one place that tells a store
+from a folder, as zarr's make_store does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from ..errors import SAVED, OutputError, UsageError
+from .names import not_an_output
+from .out import LocalOut, Out
+
+
+def open_out(where, write: bool = False, overwrite: bool = False) -> Out:
+    """OUT as the user named it → its `Out`: a folder, or a store where `where` is a URL.
+
+    `write`: to encode into. A folder is then checked to be one (not a file) and locked later by
+    `locked()`; a store is locked now, read under the lock (cleared first with `overwrite`)."""
+    from ..media.remote import is_url
+
+    if not is_url(str(where)):
+        out = LocalOut(Path(where))
+        if write and out.folder.exists() and not out.folder.is_dir():  # /dev/null, a file
+            kind = "a file" if out.folder.is_file() else "not a folder"
+            raise UsageError(
+                f"-o {out.folder}: {kind}; OUT is the folder the shards and manifest go in (new, or one encode made)"
+            )
+        return out
+    from .storeout import StoreOut
+
+    out = StoreOut(str(where))
+    try:
+        out.open(write, overwrite)
+    except BaseException:
+        out.close()
+        raise
+    return out
+
+
+@contextlib.contextmanager
+def reading(where, need: bool = True):
+    """OUT opened to read for a command (inspect, verify, export, search): a store that cannot be
+    read, or (`need`) OUT without a manifest, is a usage error; closed on exit."""
+    try:
+        out = open_out(where)
+    except OutputError as e:  # keys, endpoint, a store that is down: nothing read, nothing to resume
+        raise UsageError(str(e).removesuffix(SAVED)) from None
+    try:
+        if need and not out.found():
+            raise UsageError(not_an_output(out.url))
+        yield out
+    finally:
+        out.close()
+
+
+def as_out(out) -> Out:
+    """An `Out` as it is, or a path taken for a local folder (a reader made from a path)."""
+    return out if isinstance(out, Out) else LocalOut(Path(os.fspath(out)))
