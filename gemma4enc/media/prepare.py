@@ -17,6 +17,7 @@ from ..options import Options
 from ..rows import Status
 from . import webdataset
 from .decode import DecodeError, decode, prefit
+from .frames import Frames
 from .kinds import Item
 from .patches import DIVIDE, MULTIPLY, Patches, patchify
 
@@ -73,23 +74,7 @@ def prepare(item: Item, options: Options, rereads: int = REREADS) -> Decoded:
             fit=budget if options.resize == "fast" else None,
             seek=options.seek,
         )
-        video = {}
-        if item.kind == "video":
-            video = {
-                "frame_indices": frames.indices,
-                "timestamps": frames.timestamps,
-                **{
-                    k: frames.info[k]
-                    for k in ("fps", "duration", "total_frames", "backend")
-                    if k in frames.info
-                },
-            }
-            if frames.info.get("truncated"):  # a cut file: sampled from the frames it has
-                video["truncated"] = True
-            if frames.info.get("missing"):  # asked for, not decodable: the row says which
-                video["missing_frames"] = frames.info["missing"]
-            if frames.info.get("frames_asked", 0) > len(frames.indices):  # --seek folded some together
-                video["frames_asked"] = frames.info["frames_asked"]
+        video = _video_facts(frames) if item.kind == "video" else {}
         if before is not None and _stamp(item.path) != before:  # rewritten while it was read
             if rereads > 0:
                 return prepare(item, options, rereads - 1)
@@ -129,6 +114,23 @@ def prepare(item: Item, options: Options, rereads: int = REREADS) -> Decoded:
     finally:
         if source is not item.path:
             source.close()
+
+
+def _video_facts(frames: Frames) -> dict:
+    """What a video's row says besides its tokens: the frames sampled, and what decoding found."""
+    video = {
+        "frame_indices": frames.indices,
+        "timestamps": frames.timestamps,
+        **{k: frames.info[k] for k in ("fps", "duration", "total_frames", "backend")
+           if k in frames.info},
+    }
+    if frames.info.get("truncated"):  # a cut file: sampled from the frames it has
+        video["truncated"] = True
+    if frames.info.get("missing"):  # asked for, not decodable: the row says which
+        video["missing_frames"] = frames.info["missing"]
+    if frames.info.get("frames_asked", 0) > len(frames.indices):  # --seek folded some together
+        video["frames_asked"] = frames.info["frames_asked"]
+    return video
 
 
 def _stamp(path: str) -> tuple[int, int, int, int]:
