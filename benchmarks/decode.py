@@ -7,7 +7,7 @@ Without DIR it measures the real-size set of `gemma4enc bench --e2e` (gemma4enc/
 10 s 480p and 60 s 1080p H.264, 10 s 1080p HEVC and VP9), made once and cached (--cache, default
 ~/.cache/gemma4enc/bench-media). With DIR: a sample of that folder's files, grouped by format.
 
-Each (kind, method) runs in a fresh process doing exactly a worker's job (`workers.prepare`:
+Each (kind, method) runs in a fresh process doing exactly a worker's job (`media/prepare.py`'s `prepare`:
 decode + patchify), so its CPU time (time.process_time) is the cost per core and its peak RSS
 (VmHWM) the memory of one worker. Methods run in rotating order, round after round,
 and each is reported by its median round, so the ratios are side by side under the same load.
@@ -51,7 +51,7 @@ def log(message: str) -> None:
 def child(spec: dict) -> dict:
     """Run one method over the files `repeats` times; CPU seconds per file, RSS after imports."""
     from gemma4enc.media.kinds import SNIFF_BYTES, Item, sniff
-    from gemma4enc.media.workers import prepare
+    from gemma4enc.media.prepare import prepare
     from gemma4enc.options import Options, Sampling
 
     method, files, label = spec["method"], spec["files"], spec["label"]
@@ -61,9 +61,9 @@ def child(spec: dict) -> dict:
             Gemma4ImageProcessorPil,
         )
 
-        from gemma4enc.media.image import _register_heif
+        from gemma4enc.media.image import register_heif
 
-        _register_heif()  # HEIC opens in Pillow as it does for gemma4enc (pillow-heif's opener)
+        register_heif()  # HEIC opens in Pillow as it does for gemma4enc (pillow-heif's opener)
         processor = Gemma4ImageProcessorPil(max_soft_tokens=spec["budget"])
 
         def one(path):
@@ -135,7 +135,7 @@ def profile(files: list[str], budget: int, resize: str, top: int = 6) -> dict[st
     import pstats
 
     from gemma4enc.media.kinds import Item
-    from gemma4enc.media.workers import prepare
+    from gemma4enc.media.prepare import prepare
     from gemma4enc.options import Options
 
     options = Options(image_tokens=budget, resize=resize)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from gemma4enc.dev.camera import camera_photo
 from gemma4enc.media import image
-from gemma4enc.media.image import _register_heif, decode_image
+from gemma4enc.media.image import register_heif, decode_image
 from gemma4enc.media.patches import patchify
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=280)
     p.add_argument("--dir", default="/tmp/heic-bench")
     args = p.parse_args()
-    _register_heif()
+    register_heif()
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     photo = None

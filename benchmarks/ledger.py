@@ -250,7 +250,7 @@ def engine(name):
     local.open_tower = open_tower
     return encode
 run._engine = engine
-wrap(workers.DecodePool, "_take_workers", after="pipeline: workers taken over")
+wrap(workers.DecodePool, "take_workers", after="pipeline: workers taken over")
 try:
     cli.app(sys.argv[1:])
 except SystemExit:

@@ -29,9 +29,9 @@ def plain_pillow(path: str) -> str | None:
     try:
         from PIL import Image
 
-        from gemma4enc.media.image import _register_heif
+        from gemma4enc.media.image import register_heif
 
-        _register_heif()
+        register_heif()
         with Image.open(path) as image:
             image.load()
             return image.format
@@ -54,7 +54,7 @@ def main() -> None:
 
     from gemma4enc.media.decode import decode_image
     from gemma4enc.media.discover import discover
-    from gemma4enc.media.workers import prepare
+    from gemma4enc.media.prepare import prepare
     from gemma4enc.options import Options
 
     warnings.simplefilter("ignore")

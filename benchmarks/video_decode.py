@@ -130,7 +130,7 @@ def read_index(patches) -> int:
 
 TODAY = {"SKIPS_NONREF": set()}  # gemma4enc.media.video as it was before issue 14: each new step turned off
 EXACT = {"resize": "exact"}  # the processor's resize of full-size frames, as today
-FAST = {"resize": "fast"}  # the default since issue 14: prefit (box reduce) first, as workers.prepare does
+FAST = {"resize": "fast"}  # the default since issue 14: prefit (box reduce) first, as media/prepare.py does
 
 
 def cases() -> dict[str, tuple[dict, dict]]:
@@ -151,7 +151,7 @@ def run_case(path: Path, frames: int, kwargs: dict, settings: dict) -> tuple[flo
     """CPU seconds, wall seconds, frames returned, frames whose bar code disagrees with their index."""
     kwargs = dict(kwargs)
     fit = prefit if kwargs.pop("resize") == "fast" else lambda image, _: image
-    transform = lambda image: patchify(fit(image, TOKENS), TOKENS)  # noqa: E731 - as workers.prepare does
+    transform = lambda image: patchify(fit(image, TOKENS), TOKENS)  # noqa: E731 - as media/prepare.py does
     saved = {k: getattr(decode, k) for k in settings}
     for k, v in settings.items():
         setattr(decode, k, v)

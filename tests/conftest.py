@@ -14,7 +14,9 @@ from gemma4enc.dev import demo
 from .corpus import good_media
 from .helpers import SHAPES, photo, reference
 
-torch.set_num_threads(1)  # 2 shared cores: one thread is the steadiest
+# one intra-op thread whatever the machine: what a test computes, and how long it takes, does not
+# depend on the cores it finds, and the decode worker processes a test starts keep theirs
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""plan.py on its own: grouping images and frames into tower calls, and the memory model that
+"""model/batching.py on its own: grouping images and frames into tower calls, and the memory model that
 sizes those calls. No tower runs here; when one of these fails, batching or its budget broke."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import gemma4enc.model.batching as plan
+import gemma4enc.model.batching as batching
 from gemma4enc.media.patches import Patches
 from gemma4enc.model.batching import (
     CPU_PATCHES,
@@ -131,11 +131,11 @@ def test_the_budget_is_the_flag_then_the_cpu_constant_then_the_fit(monkeypatch):
     assert budget_patches(FakeTower("cuda"), Options(max_batch_patches=500), "pack") == 500
     assert budget_patches(FakeTower("cpu"), Options(), "serial") == CPU_PATCHES
     measured = []
-    monkeypatch.setattr(plan, "measure_memory", lambda tower, pack: measured.append(pack) or MemoryModel(1e9, 1e5, 10))
+    monkeypatch.setattr(batching, "measure_memory", lambda tower, pack: measured.append(pack) or MemoryModel(1e9, 1e5, 10))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (16e9, 80e9))
     # 0.5 × 16e9 free, fixed 1e9, largest 2520 (280 tokens): (8e9 - 1e9) / (1e5 + 10 × 2520) = 55910.5
     assert budget_patches(FakeTower("cuda"), Options(memory_fraction=0.5), "pack") == 55910
     assert measured == [True]
     # a budget that would not hold one largest item still takes one: it is encoded alone anyway
-    monkeypatch.setattr(plan, "measure_memory", lambda tower, pack: MemoryModel(7.9e9, 1e5, 10))
+    monkeypatch.setattr(batching, "measure_memory", lambda tower, pack: MemoryModel(7.9e9, 1e5, 10))
     assert budget_patches(FakeTower("cuda"), Options(memory_fraction=0.5), "bucket") == 2520

@@ -13,7 +13,7 @@ import pytest
 from gemma4enc.dev.demo import barcode_frame, read_barcode
 from gemma4enc.media.decode import DecodeError, decode_video, snap_to_keyframes
 from gemma4enc.media.discover import discover
-from gemma4enc.media.workers import prepare
+from gemma4enc.media.prepare import prepare
 from gemma4enc.options import Options, Sampling
 
 FRAMES = 96

@@ -173,7 +173,7 @@ def test_keyframe_seek_takes_and_records_keyframes(clips, name, backend):
 
 def test_keyframe_seek_reaches_the_manifest_fields(clips):
     from gemma4enc.media.discover import discover
-    from gemma4enc.media.workers import prepare
+    from gemma4enc.media.prepare import prepare
     from gemma4enc.options import Options
 
     (item,), _ = discover([str(clips / "h264.mp4")])
@@ -208,7 +208,7 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 def test_fast_resize_holds_the_floor_on_full_hd_frames(full_hd):
     from gemma4enc.media.discover import discover
     from gemma4enc.media.patches import patchify
-    from gemma4enc.media.workers import prepare
+    from gemma4enc.media.prepare import prepare
     from gemma4enc.options import Options
 
     (item,), _ = discover([str(full_hd)])

@@ -1,4 +1,5 @@
-"""discover.py on its own: the sniff of a file's first bytes, the walk of a folder, the file lists.
+"""Finding files on its own: the sniff of a file's first bytes (media/kinds.py), the walk of a folder
+and the file lists (media/discover.py).
 
 No model, no decode: when one of these fails, the stage that broke is finding files."""
 

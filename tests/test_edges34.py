@@ -234,7 +234,7 @@ def test_seek_keyframe_that_folds_frames_records_what_was_asked(tmp_path, ckpt, 
 def _slow_decode(item, options):
     import time
 
-    from gemma4enc.media.workers import Decoded
+    from gemma4enc.media.prepare import Decoded
 
     time.sleep(1.0)  # the run is killed meanwhile
     return Decoded(item)

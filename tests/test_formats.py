@@ -22,7 +22,7 @@ from gemma4enc.media.decode import DecodeError, decode_image
 from gemma4enc.media.discover import discover
 from gemma4enc.media.kinds import IMAGE_EXTS, PILLOW_LEFT_OUT
 from gemma4enc.media.patches import patchify
-from gemma4enc.media.workers import prepare
+from gemma4enc.media.prepare import prepare
 from gemma4enc.model.load import load_tower
 from gemma4enc.options import Options
 
@@ -64,9 +64,9 @@ def samples() -> list[Path]:
 
 def test_every_format_pillow_opens_here_is_walked_or_left_out_with_a_reason():
     Image.init()
-    from gemma4enc.media.image import _register_heif
+    from gemma4enc.media.image import register_heif
 
-    _register_heif()
+    register_heif()
     exts: dict[str, set[str]] = {}
     for ext, fmt in Image.registered_extensions().items():
         exts.setdefault(fmt, set()).add(ext)
@@ -187,9 +187,9 @@ def test_colour_keyed_files_give_get_image_features_tokens(tower32, ref_sharded,
 
 def written_by_pillow(folder: Path) -> list[Path]:
     """One small file per format Pillow both writes and reads here (left-out ones aside)."""
-    from gemma4enc.media.image import _register_heif
+    from gemma4enc.media.image import register_heif
 
-    _register_heif()
+    register_heif()
     Image.init()
     rng = np.random.default_rng(1)
     yy, xx = np.mgrid[0:40, 0:56]
@@ -325,15 +325,15 @@ def test_a_format_registered_later_joins_the_order():
     """pillow-heif registers HEIF at the first decode: an order asked for before must not freeze
     HEIC out (the order is kept per set of registered formats)."""
     from gemma4enc.media import formats
-    from gemma4enc.media.image import _register_heif
+    from gemma4enc.media.image import register_heif
 
     Image.init()
     saved = dict(Image.OPEN)
     try:
         Image.OPEN.pop("HEIF", None)
         assert "HEIF" not in formats.formats_for("x.heic")
-        _register_heif.cache_clear()
-        _register_heif()
+        register_heif.cache_clear()
+        register_heif()
         assert formats.formats_for("x.heic")[0] == "HEIF"
     finally:
         Image.OPEN.update(saved)

@@ -24,17 +24,20 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+def _source(node: ast.ImportFrom, name: str, path: Path) -> str:
+    """The module a `from … import` in module `name` reads from, its dots resolved."""
+    if not node.level:
+        return node.module or ""
+    package = (name if path.name == "__init__.py" else name.rpartition(".")[0]).split(".")
+    return ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Every gemma4enc module `name` imports, at the top or inside a function."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
+            source = _source(node, name, path)
             for alias in node.names:  # `from . import x` imports the module x
                 out.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source)
         elif isinstance(node, ast.Import):
@@ -133,3 +136,53 @@ def test_the_manifests_name_is_spelled_in_output_only():
              and ("/ MANIFEST" in path.read_text() or '"manifest.jsonl"' in path.read_text()
                   or "/ SETTINGS" in path.read_text())]
     assert not found, f"modules that build OUT's file paths themselves: {found}"
+
+
+# The crossings still there, each "importer -> module._name", all in the modules the `Out` step
+# rewrites (output/, and the run's modules around it); that step empties this list. A crossing
+# anywhere else fails at once, and so does an entry here that no longer crosses.
+PRIVATE_CROSSINGS_LEFT = {
+    "gemma4enc.output.vecstore -> gemma4enc.output.vectors._shard_records",
+    "gemma4enc.output.training -> gemma4enc.output.gemma._given",
+    "gemma4enc.output.training -> gemma4enc.output.gemma._same_model",
+    "gemma4enc.output.training -> gemma4enc.output.gemma._output",
+}
+
+
+def _private_crossings() -> set[str]:
+    """Every underscored name one gemma4enc module takes from another: `from X import _name`, or
+    `X._name` where X is a module it imported (`from . import gemma` … `gemma._given`)."""
+    modules = _modules()
+    found = set()
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        bound = {}  # local name → the gemma4enc module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _source(node, name, path)
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+                    elif source in modules and source != name and _private(alias.name):
+                        found.add(f"{name} -> {source}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                bound.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and bound.get(node.value.id, name) != name and _private(node.attr)):
+                found.add(f"{name} -> {bound[node.value.id]}.{node.attr}")
+    return found
+
+
+def _private(attr: str) -> bool:
+    return attr.startswith("_") and not attr.startswith("__")
+
+
+def test_private_names_stay_in_their_module():
+    """A name with an underscore is its module's own: one that another module needs loses the
+    underscore (or the use moves home), so what a module offers is what it shows."""
+    crossings = _private_crossings()
+    new = sorted(crossings - PRIVATE_CROSSINGS_LEFT)
+    assert not new, "private names taken from another module:\n" + "\n".join(new)
+    gone = sorted(PRIVATE_CROSSINGS_LEFT - crossings)
+    assert not gone, "no longer crossing, drop from PRIVATE_CROSSINGS_LEFT:\n" + "\n".join(gone)

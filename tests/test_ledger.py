@@ -216,7 +216,7 @@ def test_plan_out_plans_with_the_settings_out_records(ckpt, tmp_path):
 
 PROBE = '''
 import sys
-from gemma4enc.media.workers import prepare
+from gemma4enc.media.prepare import prepare
 
 def probe(item, options):
     before = [m for m in ("torch", "transformers") if m in sys.modules]

@@ -203,7 +203,7 @@ def test_a_file_rewritten_between_its_hash_and_its_decode_is_read_again(good, ck
     import hashlib
 
     import gemma4enc
-    from gemma4enc.media import workers
+    from gemma4enc.media import prepare
 
     media = tmp_path / "media"
     media.mkdir()
@@ -213,7 +213,7 @@ def test_a_file_rewritten_between_its_hash_and_its_decode_is_read_again(good, ck
     other = tmp_path / "other.jpg"
     photo(*Image.open(path).size[::-1], seed=77).save(other, quality=40)
     versions = [path.read_bytes(), (other.read_bytes() + bytes(st.st_size))[: st.st_size]]
-    real, rewrites = workers.decode, {"left": 1}
+    real, rewrites = prepare.decode, {"left": 1}
 
     def rewritten(*args, **kwargs):  # the file rewritten in place after it was hashed
         if rewrites["left"]:
@@ -223,18 +223,18 @@ def test_a_file_rewritten_between_its_hash_and_its_decode_is_read_again(good, ck
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(workers, "decode", rewritten)
+    monkeypatch.setattr(prepare, "decode", rewritten)
     out = tmp_path / "out"
     args = ["-o", out, "--model", ckpt, *BASE, "--workers", "0", "--hash"]
     assert encode([media, *args]).exit_code == 0
     row = gemma4enc.open(out).row(path)
     assert row["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(versions[1]).hexdigest()
-    monkeypatch.setattr(workers, "decode", real)
+    monkeypatch.setattr(prepare, "decode", real)
     alone = tmp_path / "alone"
     assert encode([path, "-o", alone, "--model", ckpt, *BASE, "--workers", "0"]).exit_code == 0
     assert torch.equal(gemma4enc.open(out)[path], gemma4enc.open(alone)[path])
-    monkeypatch.setattr(workers, "decode", rewritten)
-    rewrites["left"] = 1 + workers.REREADS  # every read meets another rewrite
+    monkeypatch.setattr(prepare, "decode", rewritten)
+    rewrites["left"] = 1 + prepare.REREADS  # every read meets another rewrite
     again = encode([path, *args, "--overwrite"])
     assert again.exit_code == 1
     row = gemma4enc.open(out).row(path)
@@ -332,7 +332,7 @@ def test_unreadable_file_and_folder_are_recorded(public_tmp):
                 os.setgid(65534)
                 os.setuid(65534)
             from gemma4enc.media.discover import look
-            from gemma4enc.media.workers import prepare
+            from gemma4enc.media.prepare import prepare
 
             d = prepare(look(str(secret)), Options())
             listed = [prepare(i, Options()) for i in discover([str(tmp_path)])[0]]

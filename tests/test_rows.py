@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gemma4enc.media.discover import look
 from gemma4enc.media.kinds import Item
-from gemma4enc.media.workers import prepare
+from gemma4enc.media.prepare import prepare
 from gemma4enc.options import Options
 from gemma4enc.output.files import line_of
 from gemma4enc.rows import Row, Status

@@ -59,14 +59,14 @@ def test_video_pixels_equal_gemma4videoprocessor():
 
 
 def test_through_the_decode_workers(tmp_path):
-    """Files → workers.prepare (Pillow's decode, EXIF turn, our sampling) → the processors' pixels
+    """Files → prepare (Pillow's decode, EXIF turn, our sampling) → the processors' pixels
     for the same decoded images and frames."""
     import av
     from PIL import Image, ImageOps
 
     from gemma4enc.dev.demo import write_video
     from gemma4enc.media.kinds import Item
-    from gemma4enc.media.workers import prepare
+    from gemma4enc.media.prepare import prepare
     from gemma4enc.options import Options
 
     photo(300, 500, seed=1).save(tmp_path / "a.jpg", quality=90)

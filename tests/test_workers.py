@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from gemma4enc.media.kinds import Item
-from gemma4enc.media.workers import Decoded, DecodePool
+from gemma4enc.media.prepare import Decoded
+from gemma4enc.media.workers import DecodePool
 from gemma4enc.options import Options
 
 
@@ -71,7 +72,7 @@ def test_the_last_file_gets_the_idle_workers_cores(tmp_path):
 
 def prepare_noting_threads(item: Item, options: Options) -> Decoded:
     from gemma4enc.media import video as decode
-    from gemma4enc.media.workers import prepare
+    from gemma4enc.media.prepare import prepare
 
     decoded = prepare(item, options)
     decoded.video["decoder_threads"] = decode.THREADS

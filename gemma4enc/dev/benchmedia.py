@@ -176,9 +176,9 @@ def missing_encoder(kind: str) -> str | None:
 
 def generated(kinds: list[str] | None = None, log=print) -> tuple[dict[str, list[str]], float]:
     """kind -> files, making what the cache lacks; and the seconds spent making them (0: all cached)."""
-    from ..media.image import _register_heif
+    from ..media.image import register_heif
 
-    _register_heif()
+    register_heif()
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     groups, spent = {}, 0.0

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from ..media.workers import Decoded, prepare
+from ..media.prepare import Decoded, prepare
 from . import benchmedia
 
 PROGRESS_S = 5.0

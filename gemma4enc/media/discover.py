@@ -189,38 +189,13 @@ def discover_chunks(
     chunk = CHUNK if chunk == 0 else chunk
     counts = {} if counts is None else counts
     counts["skipped"] = 0
-    named: list[str] = []
-    walked = []  # per root: (path, path relative to its root: what globs see, root), walked lazily
-    elsewhere = []  # per URL or tar root: (path, rel, explicit, root, make(known) → Item)
-    walked_roots, remote_roots = [], []
     listed = _listed(files_from, null) if files_from else []
-    unlisted: list[tuple[str, str]] = []
+    unlisted: list[tuple[str, str]] = []  # (folder, why it could not be listed), filled as walked
     roots, listed = ranged(roots), ranged(listed)  # (name, its brace pattern or None)
-    for root, pattern in roots:
-        if pattern is None and not remote.is_url(root) and not os.path.lexists(root):
-            # a typo, not a file that vanished: say so now
-            hint = " (to read the paths from stdin: --files-from -)" if root == "-" else ""
-            raise UsageError(f"{root}: no such file or folder{hint}")
+    _no_typos(roots)
     _reach([name for name, _ in [*roots, *listed]])
-    seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
-    for root, pattern in [*roots, *listed]:
-        url = remote.is_url(root)
-        gap = pattern is not None and not url and not os.path.lexists(root)  # a tar missing from a range
-        if webdataset.is_tar(root) and (url or gap or os.path.isfile(root)):
-            remote_roots.append(root if url else os.path.abspath(root))
-            elsewhere.append(tar_members(remote_roots[-1], pattern))
-        elif url:
-            remote_roots.append(root)
-            elsewhere.append(url_files(root, hidden, unlisted))
-        elif os.path.isdir(root):
-            root = os.path.abspath(
-                root
-            )  # walked paths come out absolute and normalised: no abspath each
-            walked_roots.append(root)
-            walked.append(_below(root, walk(root, hidden, unlisted, skip=out, seen=seen)))
-        else:
-            named.append(root)
-    if chunk is not None and (named or listed or _nested([*walked_roots, *remote_roots])):
+    named, walked, elsewhere, streamed = _sources([*roots, *listed], hidden, out, unlisted)
+    if chunk is not None and (named or listed or _nested(streamed)):
         chunk = None  # a path may come twice: one list, deduplicated, as ever
     items: dict[str, Item] = {}
     # generators, not lists: at a million files each list of them costs ~100 MB
@@ -245,19 +220,45 @@ def discover_chunks(
             items = {}
     for path, reason in unlisted:  # a row says which folder was not read, and why
         path = path if remote.is_url(path) else os.path.abspath(path)
-        items.setdefault(
-            path,
-            Item(
-                path,
-                "unknown",
-                0,
-                0,
-                error=f"cannot list this folder: {reason}",
-                status=Status.UNREADABLE,
-            ),
-        )
+        error = f"cannot list this folder: {reason}"
+        items.setdefault(path, Item(path, "unknown", 0, 0, error=error, status=Status.UNREADABLE))
     counts["last"] = True  # what follows is the last chunk: a caller need not stream
     yield sorted(items.values(), key=lambda i: i.path)
+
+
+def _no_typos(roots: list[tuple[str, str | None]]) -> None:
+    """A root named on the command line that is not there is a typo, not a file that vanished:
+    said now, before anything is read (a brace range's gaps and URLs are looked at later)."""
+    for root, pattern in roots:
+        if pattern is None and not remote.is_url(root) and not os.path.lexists(root):
+            hint = " (to read the paths from stdin: --files-from -)" if root == "-" else ""
+            raise UsageError(f"{root}: no such file or folder{hint}")
+
+
+def _sources(roots: list[tuple[str, str | None]], hidden: bool, out: str | None, unlisted: list):
+    """Each root sorted by what reads it, nothing read yet: → (the files named, per walked folder
+    its (path, path relative to it: what globs see, root), per URL or tar root its (path, rel,
+    explicit, root, make(known) → Item), the roots that stream). A folder that cannot be listed is
+    added to `unlisted` as the walk reaches it."""
+    named: list[str] = []
+    walked, elsewhere, streamed = [], [], []
+    seen: set[tuple[int, int]] = set()  # one for all roots: a folder reached twice is walked once
+    for root, pattern in roots:
+        url = remote.is_url(root)
+        gap = pattern is not None and not url and not os.path.lexists(root)  # a tar missing from a range
+        if webdataset.is_tar(root) and (url or gap or os.path.isfile(root)):
+            streamed.append(root if url else os.path.abspath(root))
+            elsewhere.append(tar_members(streamed[-1], pattern))
+        elif url:
+            streamed.append(root)
+            elsewhere.append(url_files(root, hidden, unlisted))
+        elif os.path.isdir(root):
+            root = os.path.abspath(root)  # walked paths come out absolute and normalised
+            streamed.append(root)
+            walked.append(_below(root, walk(root, hidden, unlisted, skip=out, seen=seen)))
+        else:
+            named.append(root)
+    return named, walked, elsewhere, streamed
 
 
 def _reach(paths: list[str]) -> None:

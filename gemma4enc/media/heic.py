@@ -287,25 +287,13 @@ def fitted(data: bytes, image: Image.Image, budget: int):
     tree = items(data)
     if tree["alpha"] or "A" in image.mode:
         return None  # an alpha plane: pillow-heif decodes it with the colour, composited on white as exact
-    turns = []  # the primary item's transforms, in association order
-    for kind, payload, essential in tree["props"]:
-        if kind in (b"irot", b"imir", b"clap"):
-            turns.append((kind, payload))
-        elif essential and kind not in KNOWN:
-            return None
-    if any(k == b"clap" for k, _ in turns[1:]):
-        return None  # a crop after a turn: rare, left to libheif
+    turns = _transforms(tree)
+    if turns is None:
+        return None
     swap = sum(p[0] & 1 for k, p in turns if k == b"irot") % 2 == 1
     tiling = info.get("tiling")
     if tiling and swap:  # libheif gives the grid turned, as it shows it; the tiles are stored unturned
-        tiling = {
-            "num_columns": tiling["num_rows"],
-            "num_rows": tiling["num_columns"],
-            "tile_width": tiling["tile_height"],
-            "tile_height": tiling["tile_width"],
-            "image_width": tiling["image_height"],
-            "image_height": tiling["image_width"],
-        }
+        tiling = _unturned(tiling)
     planes = _canvas(data, tree, tiling)
     if planes is None:
         return None
@@ -314,16 +302,13 @@ def fitted(data: bytes, image: Image.Image, budget: int):
         matrix, full = vui
         if matrix not in MATRICES or full is None:
             return None
-    height, width = y.shape
     if turns and turns[0][0] == b"clap":
-        left, top, cw, ch = _clap(turns[0][1], width, height)
-        if left % 2 or top % 2:
+        planes = _cropped(y, u, v, turns[0][1])
+        if planes is None:
             return None
-        y = y[top : top + ch, left : left + cw]
-        u = u[top // 2 : (top + ch + 1) // 2, left // 2 : (left + cw + 1) // 2]
-        v = v[top // 2 : (top + ch + 1) // 2, left // 2 : (left + cw + 1) // 2]
+        y, u, v = planes
         turns = turns[1:]
-        height, width = ch, cw
+    height, width = y.shape
     if (height, width)[:: -1 if swap else 1] != (image.height, image.width):
         return None  # not the image libheif describes
     orientation = image.getexif().get(0x0112, 1)
@@ -331,6 +316,53 @@ def fitted(data: bytes, image: Image.Image, budget: int):
     up_w, up_h = (image.height, image.width) if exif_swap else image.size
     th, tw = target_size(up_h, up_w, budget)
     want = (th, tw) if swap != exif_swap else (tw, th)  # the target as stored: (width, height)
+    rgb = _turned(_scaled(y, u, v, want, bool(turns), matrix, full), turns)
+    return rgb, orientation, (up_h, up_w), (width, height)
+
+
+def _transforms(tree: dict) -> list | None:
+    """The primary item's irot/imir/clap as (type, payload) in association order, or None where an
+    essential property is one we do not know, or a crop comes after a turn (rare, left to libheif)."""
+    turns = []
+    for kind, payload, essential in tree["props"]:
+        if kind in (b"irot", b"imir", b"clap"):
+            turns.append((kind, payload))
+        elif essential and kind not in KNOWN:
+            return None
+    if any(k == b"clap" for k, _ in turns[1:]):
+        return None
+    return turns
+
+
+def _unturned(tiling: dict) -> dict:
+    """pillow-heif's grid (as libheif shows it, turned by an odd irot) as its tiles are stored."""
+    return {
+        "num_columns": tiling["num_rows"],
+        "num_rows": tiling["num_columns"],
+        "tile_width": tiling["tile_height"],
+        "tile_height": tiling["tile_width"],
+        "image_width": tiling["image_height"],
+        "image_height": tiling["image_width"],
+    }
+
+
+def _cropped(y, u, v, clap: bytes):
+    """The planes cut to the clean aperture, or None where it starts on an odd pixel (the 4:2:0
+    chroma would be cut between samples)."""
+    height, width = y.shape
+    left, top, cw, ch = _clap(clap, width, height)
+    if left % 2 or top % 2:
+        return None
+    y = y[top : top + ch, left : left + cw]
+    u = u[top // 2 : (top + ch + 1) // 2, left // 2 : (left + cw + 1) // 2]
+    v = v[top // 2 : (top + ch + 1) // 2, left // 2 : (left + cw + 1) // 2]
+    return y, u, v
+
+
+def _scaled(y, u, v, want: tuple[int, int], turned: bool, matrix: int, full: bool) -> Image.Image:
+    """The stored (unturned) planes → RGB at `want` (width, height): luma reduced by a whole
+    factor while it stays REDUCE_MARGIN times the target, chroma brought to its size, then resized."""
+    height, width = y.shape
     k = int(min(width / (REDUCE_MARGIN * want[0]), height / (REDUCE_MARGIN * want[1])))
     k = max(k, 1)
     Y = Image.fromarray(np.ascontiguousarray(y), "L")
@@ -340,7 +372,7 @@ def fitted(data: bytes, image: Image.Image, budget: int):
     # nearest neighbour (so reduced: the chroma's area average, BOX) on an unturned image, but
     # bilinearly once irot/imir turned its planes (measured against pillow-heif: 51 dB each way,
     # 40 dB crossed); at k = 2 the chroma is already the size and neither is needed
-    spread = Image.Resampling.BILINEAR if turns else Image.Resampling.BOX
+    spread = Image.Resampling.BILINEAR if turned else Image.Resampling.BOX
     cbox = (0, 0, Y.width * k / 2, Y.height * k / 2)
     U, V = (Image.fromarray(np.ascontiguousarray(c), "L") for c in (u, v))
     if U.size != Y.size or cbox != (0, 0, *U.size):
@@ -349,6 +381,11 @@ def fitted(data: bytes, image: Image.Image, budget: int):
     box = (0, 0, width / k, height / k)
     if rgb.size != want or box != (0, 0, *rgb.size):
         rgb = rgb.resize(want, resample=Image.Resampling.BICUBIC, box=box)
+    return rgb
+
+
+def _turned(rgb: Image.Image, turns: list) -> Image.Image:
+    """irot and imir applied in their association order."""
     for kind, payload in turns:
         if kind == b"irot":
             angle = payload[0] & 3  # anticlockwise quarter turns
@@ -362,4 +399,4 @@ def fitted(data: bytes, image: Image.Image, budget: int):
             rgb = rgb.transpose(
                 Image.Transpose.FLIP_LEFT_RIGHT if payload[0] & 1 else Image.Transpose.FLIP_TOP_BOTTOM
             )
-    return rgb, orientation, (up_h, up_w), (width, height)
+    return rgb

@@ -42,7 +42,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 @functools.cache
-def _register_heif() -> None:
+def register_heif() -> None:
     """HEIC/HEIF support, added to Pillow at the first image we decode (not at import)."""
     try:
         from pillow_heif import register_heif_opener
@@ -75,7 +75,7 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     needs and return the image already resized to it, as a `Fitted`. None (--resize exact):
     the full-size image, which patchify resizes exactly as the processor does.
     """
-    _register_heif()
+    register_heif()
     try:
         with _pillow_limits():
             with open_image(path) as image:

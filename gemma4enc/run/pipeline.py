@@ -18,7 +18,8 @@ import torch
 
 from ..errors import TooManyFailures  # noqa: F401 - raised here, imported from here by the engines
 from ..media.kinds import Item
-from ..media.workers import Decoded, DecodePool
+from ..media.prepare import Decoded
+from ..media.workers import DecodePool
 from ..model.batching import Unit, batches
 from ..options import Options
 from ..output.shards import ShardWriter

@@ -11,6 +11,9 @@ configs), a `model.safetensors` with only the vision tensors, and `fetch.json` (
 written last: a folder without it is unfinished). Until then the weights grow in
 `model.safetensors.part` with `model.safetensors.part.json` recording how far each range got,
 so a cut connection or a killed run resumes with only the missing bytes.
+
+Names without an underscore in the modules are what fetch.py takes from its siblings (the
+subpackage's own API); what the rest of the package may use is imported here.
 """
 
 from .cache import cache_root, repo_folder  # noqa: F401 - the subpackage's face

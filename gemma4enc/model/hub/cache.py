@@ -28,16 +28,16 @@ def repo_folder(repo_id: str) -> Path:
     return cache_root() / repo_id.replace("/", "--")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
-def _remember(repo_id: str, revision: str, commit: str) -> None:
+def remember(repo_id: str, revision: str, commit: str) -> None:
     refs = repo_folder(repo_id) / "refs"
     refs.mkdir(parents=True, exist_ok=True)
-    _atomic_write(refs / revision.replace("/", "--"), commit.encode())
+    atomic_write(refs / revision.replace("/", "--"), commit.encode())
 
 
 def cached(repo_id: str, revision: str | None) -> tuple[Path, str] | None:
@@ -49,7 +49,7 @@ def cached(repo_id: str, revision: str | None) -> tuple[Path, str] | None:
     return (folder, commit) if (folder / FETCHED).is_file() else None
 
 
-def _snapshot(repo_id: str, revision: str | None, local_only: bool) -> tuple[Path, str | None] | None:
+def snapshot(repo_id: str, revision: str | None, local_only: bool) -> tuple[Path, str | None] | None:
     """A full snapshot the user already has in the HF cache: config, index and every vision shard."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
@@ -71,10 +71,12 @@ def _snapshot(repo_id: str, revision: str | None, local_only: bool) -> tuple[Pat
     return config.parent, config.parent.name if config.parent.parent.name == "snapshots" else None
 
 
-def _local(repo_id: str, revision: str | None, why: str, fetching: bool = False) -> tuple[Path, str | None]:
+def offline_folder(
+    repo_id: str, revision: str | None, why: str, fetching: bool = False
+) -> tuple[Path, str | None]:
     """Offline: our vision cache, else a full HF snapshot, else the one-line error (`fetching`:
     for `gemma4enc fetch` itself, which is not told to run itself)."""
-    found = cached(repo_id, revision) or _snapshot(repo_id, revision, local_only=True)
+    found = cached(repo_id, revision) or snapshot(repo_id, revision, local_only=True)
     if found:
         return found
     if fetching:
@@ -88,7 +90,7 @@ def _local(repo_id: str, revision: str | None, why: str, fetching: bool = False)
     )
 
 
-def _found(repo_id: str, root: Path, commit: str | None) -> dict:
+def found_record(repo_id: str, root: Path, commit: str | None) -> dict:
     """The record of a fetch that found everything here already."""
     record = (
         json.loads((root / FETCHED).read_text()) if (root / FETCHED).is_file() else {"repo": repo_id}

@@ -91,7 +91,7 @@ class Hub:
             total = response.headers.get("Content-Range", "").rpartition("/")[2]
         self.served += len(first)
         size = int(total) if total.isdigit() else None
-        n = _header_length(self.repo_id, filename, first)
+        n = header_length(self.repo_id, filename, first)
         with self.stream(filename, 8, 8 + n) as response:
             hf_raise_for_status(response)
             if response.status_code != 206:
@@ -104,7 +104,7 @@ class Hub:
         data = bytearray()
         for chunk in response.iter_bytes():
             data += chunk
-            if len(data) >= 8 and len(data) >= 8 + _header_length(self.repo_id, "", bytes(data[:8])):
+            if len(data) >= 8 and len(data) >= 8 + header_length(self.repo_id, "", bytes(data[:8])):
                 break  # the rest is not read
         self.served += len(data)
         return bytes(data)
@@ -115,12 +115,12 @@ def _length(response) -> int | None:
     return int(length) if length.isdigit() else None
 
 
-def _hub_error(repo_id: str, e: Exception) -> UsageError:
+def hub_error(repo_id: str, e: Exception) -> UsageError:
     """huggingface_hub's answer (gated, not found, …) in one line."""
     return UsageError(f"{repo_id}: {type(e).__name__}: {str(e).splitlines()[0]}")
 
 
-def _resolve(repo_id: str, revision: str | None) -> tuple[str, set[str] | None]:
+def resolve(repo_id: str, revision: str | None) -> tuple[str, set[str] | None]:
     """revision → (commit, the repo's file names or None where unknown): through HfApi's model
     info (one small API call); where that endpoint is not served (a mirror that only serves
     files), from the X-Repo-Commit of a HEAD on config.json, as hf_hub_download learns it."""
@@ -143,7 +143,7 @@ def _resolve(repo_id: str, revision: str | None) -> tuple[str, set[str] | None]:
     return meta.commit_hash, None
 
 
-def _host() -> str:
+def hub_host() -> str:
     from urllib.parse import urlparse
 
     from huggingface_hub import constants
@@ -151,12 +151,12 @@ def _host() -> str:
     return urlparse(constants.ENDPOINT).hostname or ""
 
 
-def _resolves() -> bool:
+def host_resolves() -> bool:
     """Whether the hub's host name resolves (a failed lookup is quick; huggingface_hub would retry it)."""
     import socket
 
     try:
-        socket.getaddrinfo(_host(), 443)
+        socket.getaddrinfo(hub_host(), 443)
     except (OSError, UnicodeError):
         return False
     return True
@@ -173,7 +173,7 @@ def offline() -> bool:
     )
 
 
-def _header_length(repo_id: str, filename: str, first: bytes) -> int:
+def header_length(repo_id: str, filename: str, first: bytes) -> int:
     if len(first) < 8:
         raise UsageError(f"{repo_id}: {filename} is too short to be a safetensors file")
     (n,) = struct.unpack("<Q", first[:8])

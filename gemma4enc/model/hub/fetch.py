@@ -8,9 +8,11 @@ from pathlib import Path
 
 from ...errors import UsageError
 from ..layouts import INDEX, SINGLE, is_vision
-from .cache import FETCHED, _atomic_write, _found, _local, _remember, _snapshot, cached, repo_folder
-from .client import COMMIT, Hub, Log, _host, _hub_error, _resolve, _resolves, offline, say
-from .ranges import _weights, plan_ranges
+from .cache import (
+    FETCHED, atomic_write, cached, found_record, offline_folder, remember, repo_folder, snapshot
+)
+from .client import COMMIT, Hub, Log, host_resolves, hub_error, hub_host, offline, resolve, say
+from .ranges import plan_ranges, pull_weights
 
 SMALL = ("config.json", "preprocessor_config.json", "processor_config.json")  # copied whole when present
 
@@ -42,7 +44,7 @@ def download(repo_id: str, commit: str, names: set[str] | None, log: Log) -> dic
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
         if (folder / FETCHED).is_file():  # another process finished it while we waited
-            return _found(repo_id, folder, commit)
+            return found_record(repo_id, folder, commit)
         hub = Hub(repo_id, commit, log)
         small = []
         for filename in SMALL:
@@ -51,7 +53,7 @@ def download(repo_id: str, commit: str, names: set[str] | None, log: Log) -> dic
             else:
                 data = hub.get(filename) if filename in names else None
             if data is not None and len(data) <= SMALL_LIMIT:
-                _atomic_write(folder / filename, data)
+                atomic_write(folder / filename, data)
                 small.append(filename)
         files, skipped, _ = _weight_files(hub, names)
         the_plan = plan_ranges(hub, files, skipped, {"format": "pt", "repo": repo_id, "commit": commit})
@@ -59,7 +61,7 @@ def download(repo_id: str, commit: str, names: set[str] | None, log: Log) -> dic
             f"{repo_id}@{commit[:12]}: fetching {the_plan.tensors} vision tensors ({the_plan.vision_bytes:,} bytes "
             f"in {len(the_plan.requests)} ranges) of {len(files)} file(s), {the_plan.source_bytes:,} bytes in all"
         )
-        _weights(hub, folder, the_plan)
+        pull_weights(hub, folder, the_plan)
         record = {
             "repo": repo_id,
             "commit": commit,
@@ -74,7 +76,7 @@ def download(repo_id: str, commit: str, names: set[str] | None, log: Log) -> dic
             "ranges": len(the_plan.requests),
             "range_requests": not the_plan.unranged,
         }
-        _atomic_write(folder / FETCHED, json.dumps(record, indent=2).encode())
+        atomic_write(folder / FETCHED, json.dumps(record, indent=2).encode())
     return record
 
 
@@ -90,16 +92,19 @@ def config_file(repo_id: str, revision: str | None = None) -> Path:
     try:
         return Path(
             hf_hub_download(
-                repo_id, "config.json", revision=revision, local_files_only=offline() or not _resolves()
+                repo_id,
+                "config.json",
+                revision=revision,
+                local_files_only=offline() or not host_resolves(),
             )
         )
     except LocalEntryNotFoundError:
         raise UsageError(
             f"{repo_id}: its config.json is not in the cache and the hub cannot be reached "
-            f"(HF_HUB_OFFLINE, or {_host()} does not resolve)"
+            f"(HF_HUB_OFFLINE, or {hub_host()} does not resolve)"
         ) from None
     except HfHubHTTPError as e:
-        raise _hub_error(repo_id, e) from None
+        raise hub_error(repo_id, e) from None
 
 
 def fetch(repo_id: str, revision: str | None = None, log: Log = say, fetching: bool = False) -> dict:
@@ -110,30 +115,32 @@ def fetch(repo_id: str, revision: str | None = None, log: Log = say, fetching: b
 
     pinned = repo_folder(repo_id) / revision if revision and COMMIT.fullmatch(revision) else None
     if pinned and (pinned / FETCHED).is_file():  # a commit never changes: no need to ask the hub
-        return _found(repo_id, pinned, revision)
+        return found_record(repo_id, pinned, revision)
     if offline():
-        return _found(repo_id, *_local(repo_id, revision, "HF_HUB_OFFLINE is set", fetching))
-    if not _resolves():  # the cache only, at once: not ~23 s of retries
-        why = f"{_host()} cannot be resolved (offline? set HF_HUB_OFFLINE=1 to skip the hub)"
-        return _found(repo_id, *_local(repo_id, revision, why, fetching))
+        why = "HF_HUB_OFFLINE is set"
+        return found_record(repo_id, *offline_folder(repo_id, revision, why, fetching))
+    if not host_resolves():  # the cache only, at once: not ~23 s of retries
+        why = f"{hub_host()} cannot be resolved (offline? set HF_HUB_OFFLINE=1 to skip the hub)"
+        return found_record(repo_id, *offline_folder(repo_id, revision, why, fetching))
     try:
-        commit, names = _resolve(repo_id, revision)
+        commit, names = resolve(repo_id, revision)
         folder = repo_folder(repo_id) / commit
         if (folder / FETCHED).is_file():
-            record = _found(repo_id, folder, commit)
-        elif snapshot := _snapshot(repo_id, commit, local_only=True):  # a full one the user already has
-            record = _found(repo_id, snapshot[0], commit)
+            record = found_record(repo_id, folder, commit)
+        elif full := snapshot(repo_id, commit, local_only=True):  # a full one the user already has
+            record = found_record(repo_id, full[0], commit)
         else:
             record = {**download(repo_id, commit, names, log), "cached": False}
         if (
             revision or "main"
         ) != commit:  # only now: offline, the name keeps pointing at a finished folder
-            _remember(repo_id, revision or "main", commit)
+            remember(repo_id, revision or "main", commit)
         return record
     except (httpx2.TransportError, OfflineModeIsEnabled):
-        return _found(repo_id, *_local(repo_id, revision, "the hub could not be reached", fetching))
+        why = "the hub could not be reached"
+        return found_record(repo_id, *offline_folder(repo_id, revision, why, fetching))
     except HfHubHTTPError as e:
-        raise _hub_error(repo_id, e) from None
+        raise hub_error(repo_id, e) from None
 
 
 def hub_files(repo_id: str, revision: str | None = None, log: Log = say) -> tuple[Path, str | None]:

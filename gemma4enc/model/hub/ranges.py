@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ...errors import UsageError
 from ..layouts import SINGLE, is_vision
-from .client import Hub, Log, _header_length
+from .client import Hub, Log, header_length
 
 GAP = 64 << 10  # bytes: ranges this close are one request (the gap is read and dropped)
 
@@ -89,7 +89,7 @@ class RangePlan:
 def _header(hub: Hub, filename: str) -> tuple[dict, int, int | None, bool]:
     """A safetensors file's header → (entries, where its data starts, file size, Range honoured)."""
     raw, size, ranged = hub.header(filename)
-    n = _header_length(hub.repo_id, filename, raw)
+    n = header_length(hub.repo_id, filename, raw)
     try:
         entries = json.loads(raw[8 : 8 + n])
     except ValueError as e:
@@ -256,7 +256,7 @@ def _pull(hub: Hub, out, plan: RangePlan, progress: RangeProgress, filename: str
                 pos += len(chunk)
 
 
-def _weights(hub: Hub, folder: Path, plan: RangePlan) -> None:
+def pull_weights(hub: Hub, folder: Path, plan: RangePlan) -> None:
     """Fill model.safetensors.part, resuming what an earlier try left, then rename it."""
     import httpx2
 
