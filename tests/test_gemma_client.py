@@ -85,7 +85,7 @@ def test_wrong_tokens_change_the_output(client):
     model, batch = client.model, client.batch
     want = logits(model, client.pixels)
     frames = batch["mm_encoder_outputs"]["video"].pooler_output
-    swapped = dict(batch["mm_encoder_outputs"], video=gemma4enc.output.gemma._output(frames[::-1]))
+    swapped = dict(batch["mm_encoder_outputs"], video=gemma4enc.output.gemma.encoder_output(frames[::-1]))
     with pytest.raises(AssertionError):
         close(logits(model, batch | {"mm_encoder_outputs": swapped}), want, rel=1e-2)
     causal = logits(model, {k: v for k, v in batch.items() if k != "mm_token_type_ids"})

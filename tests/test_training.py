@@ -186,11 +186,11 @@ def test_what_would_break_the_equality(setup):
         first = item["media"].mm_encoder_outputs["image"].pooler_output[0]
         m = item["media"].media[0]
         short = gemma.ModelInputs([gemma.Media(m.path, "image", [m.frame_tokens[0] - 1])],
-                                  {"image": gemma._output([first[:-1]])})
+                                  {"image": gemma.encoder_output([first[:-1]])})
         assert differs(setup.collate([{**item, "media": short}] + [setup.data[1], setup.data[2]]))
         # a prompt that says more tokens than there are: refused
         wrong = gemma.ModelInputs([gemma.Media(m.path, "image", [m.frame_tokens[0] + 1])],
-                                  {"image": gemma._output([first])})
+                                  {"image": gemma.encoder_output([first])})
         with pytest.raises(Exception, match="do not match"):
             loss(setup.collate([{**item, "media": wrong}] + [setup.data[1], setup.data[2]]))
         # the type ids: vision tokens go causal without them on the 26B-like model, nothing changes on E2B

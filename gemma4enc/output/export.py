@@ -126,7 +126,7 @@ def export_to(out, to: str, dest: str, *args, overwrite: bool = False) -> dict:
         return export(out, to, dest, *args, overwrite)
     store = Store(str(dest))
     try:
-        there = _store_files(store)
+        there = store.find_all("list DIR")
     except OutputError as e:  # keys, endpoint: nothing written yet
         raise UsageError(str(e).removesuffix(SAVED)) from None
     if there and not overwrite:
@@ -147,16 +147,6 @@ def export_to(out, to: str, dest: str, *args, overwrite: bool = False) -> dict:
     finally:
         shutil.rmtree(local, ignore_errors=True)
     return report | {"dir": store.url}
-
-
-def _store_files(store) -> list[str]:
-    """Every object under a store prefix, by its name below it (an export has folders)."""
-    try:
-        found = store._retried("list DIR", store.fs.find, store.root)
-    except FileNotFoundError:
-        return []
-    cut = len(store.root) + 1
-    return [name[cut:] for name in found]
 
 
 def _source(out) -> str:

@@ -64,7 +64,7 @@ class Media:
         )
 
 
-def _output(tensors: list[torch.Tensor]):
+def encoder_output(tensors: list[torch.Tensor]):
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     return BaseModelOutputWithPooling(pooler_output=tensors)
@@ -211,13 +211,13 @@ def model_inputs(emb, paths, device=None, dtype=None, model=None) -> ModelInputs
             )
         )
         outputs[kind] += frames
-    return ModelInputs(media, {k: _output(v) for k, v in outputs.items() if v})
+    return ModelInputs(media, {k: encoder_output(v) for k, v in outputs.items() if v})
 
 
 # ---- which model the tokens belong to -------------------------------------------------------
 
 
-def _given(model) -> tuple[str, int | None]:
+def model_named(model) -> tuple[str, int | None]:
     """(name or path, text hidden size) of a model, config, or checkpoint name."""
     if isinstance(model, (str, os.PathLike)):
         return os.fspath(model), None
@@ -226,7 +226,7 @@ def _given(model) -> tuple[str, int | None]:
     return getattr(config, "_name_or_path", "") or "", getattr(text, "hidden_size", None)
 
 
-def _same_model(stored: str, revision: str, given: str) -> bool:
+def same_model(stored: str, revision: str, given: str) -> bool:
     if stored == given:
         return True
     if os.path.isdir(stored) and os.path.isdir(given):
@@ -244,7 +244,7 @@ def _same_model(stored: str, revision: str, given: str) -> bool:
 
 def check_model(emb, rows: list[dict], model) -> None:
     """The shards' header says which checkpoint made the tokens: it must be `model`."""
-    name, hidden = _given(model)
+    name, hidden = model_named(model)
     for shard in sorted({r["shard"] for r in rows}):
         with safe_open(str(emb.out.shard_path(shard)), framework="pt") as f:
             meta = f.metadata() or {}
@@ -254,7 +254,7 @@ def check_model(emb, rows: list[dict], model) -> None:
                 f"{emb.out}: the tokens are {meta['hidden_size']} wide (from {stored}); "
                 f"the model given is {hidden} wide"
             )
-        if name and not _same_model(stored, meta.get("revision", ""), name):
+        if name and not same_model(stored, meta.get("revision", ""), name):
             raise ValueError(
                 f"{emb.out}: the tokens were made with {stored!r}, not with {name!r}; "
                 "encode with that model, or pass the model the tokens came from"

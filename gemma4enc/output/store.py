@@ -143,6 +143,16 @@ class Store:
             except FileNotFoundError:
                 pass
 
+    def find_all(self, what: str) -> list[str]:
+        """Every object under the prefix, by its name below it (folders included), or [] where
+        there is none; `what` names the listing in an error."""
+        try:
+            found = self._retried(what, self.fs.find, self.root)
+        except FileNotFoundError:
+            return []
+        cut = len(self.root) + 1
+        return [name[cut:] for name in found]
+
     def exists(self) -> bool:
         """Whether anything is under the prefix."""
         try:

@@ -157,10 +157,10 @@ def _headers(emb, shards: set[str]) -> dict[str, dict]:
 
 
 def _model_differs(header: dict, model) -> str | None:
-    name, hidden = gemma._given(model)
+    name, hidden = gemma.model_named(model)
     if hidden is not None and header.get("hidden_size") and int(header["hidden_size"]) != hidden:
         return f"{header['hidden_size']} wide, the model is {hidden} wide"
-    if name and not gemma._same_model(header.get("model", ""), header.get("revision", ""), name):
+    if name and not gemma.same_model(header.get("model", ""), header.get("revision", ""), name):
         return f"made with {header.get('model')!r}, not {name!r}"
     return None
 
@@ -319,7 +319,7 @@ def merge(inputs: list[gemma.ModelInputs]) -> gemma.ModelInputs:
         ]
         for k in KINDS
     }
-    return gemma.ModelInputs(media, {k: gemma._output(v) for k, v in outputs.items() if v})
+    return gemma.ModelInputs(media, {k: gemma.encoder_output(v) for k, v in outputs.items() if v})
 
 
 class Collator:
@@ -408,7 +408,7 @@ class Collator:
         batch["labels"] = batch["input_ids"].masked_fill(~keep, IGNORE)
         batch = {k: v.to(self.device) if self.device is not None else v for k, v in batch.items()}
         batch["mm_encoder_outputs"] = {
-            k: gemma._output([t.to(device=self.device, dtype=self.dtype) for t in o.pooler_output])
+            k: gemma.encoder_output([t.to(device=self.device, dtype=self.dtype) for t in o.pooler_output])
             for k, o in outputs.items()
         }
         return batch

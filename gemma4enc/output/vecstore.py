@@ -43,7 +43,7 @@ from .names import MANIFEST, not_an_output, temp_name
 from .opening import as_out
 from .out import Out
 from .npreader import NumpyEmbeddings, Shard
-from .vectors import _shard_records, hidden_size, placed, records
+from .vectors import shard_records, hidden_size, placed, records
 
 META, VECTORS, ROWS, PATHS, FAISS, LOCK = (
     "search-index.json", "search-index.vectors", "search-index.rows.npy", "search-index.paths",
@@ -377,7 +377,7 @@ def _new_vectors(out: Out, new: list[dict], dim: int):
             raise UsageError(f"{out.named(name)}: {getattr(e, 'strerror', None) or e}; "
                              f"gemma4enc verify {out} --repair encodes its files again") from None
         try:
-            pooled = np.stack([rec.pooled for rec in _shard_records(shard, rows, False, False)])
+            pooled = np.stack([rec.pooled for rec in shard_records(shard, rows, False, False)])
         finally:
             out.drop(name)
         yield pooled.reshape(len(rows), dim), rows

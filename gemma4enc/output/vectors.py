@@ -57,7 +57,7 @@ def records(emb: Rows, per_frame: bool = False, tokens: bool = False, shards=Non
         rows = sorted(emb.ledger.rows_at(shards[name].tolist()), key=lambda r: r["index"])
         shard = _open(emb, name)
         try:
-            yield from _shard_records(shard, rows, per_frame, tokens)
+            yield from shard_records(shard, rows, per_frame, tokens)
         finally:
             emb.out.drop(name)  # OUT in a store: the disk holds one shard at a time
 
@@ -72,7 +72,7 @@ def _open(emb: Rows, name: str) -> Shard:
         ) from None
 
 
-def _shard_records(shard: Shard, rows: list[dict], per_frame: bool, tokens: bool) -> Iterator[Record]:
+def shard_records(shard: Shard, rows: list[dict], per_frame: bool, tokens: bool) -> Iterator[Record]:
     n = shard.header["item_offsets"]["shape"][0] - 1
     if rows and not 0 <= rows[0]["index"] <= rows[-1]["index"] < n:
         raise UsageError(
