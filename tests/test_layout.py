@@ -90,3 +90,11 @@ def test_architecture_lists_every_module():
     missing = [str(p.relative_to(PACKAGE)) for p in sorted(PACKAGE.rglob("*.py"))
                if p.name != "__init__.py" and f"`{p.relative_to(PACKAGE)}`" not in text]
     assert not missing, f"docs/architecture.md does not list: {', '.join(missing)}"
+
+
+def test_the_ray_actor_stands_alone():
+    """What runs on Ray's workers imports nothing of the driver's nor of the cluster's (nor the
+    package's face, which imports the driver): an actor needs the pipeline, not the run around it."""
+    actor = "gemma4enc.run.ray.actor"
+    forbidden = {"gemma4enc.run.ray", "gemma4enc.run.ray.driver", "gemma4enc.run.ray.cluster"}
+    assert not _graph()[actor] & forbidden, sorted(_graph()[actor] & forbidden)

@@ -89,7 +89,7 @@ def test_ray_equals_local_and_resumes_what_is_left(media, ckpt, local, tmp_path)
 
     # each task's shard is named from its files: the names the driver can compute again
     items, _ = discover([str(media)], None, [], [], False)
-    from gemma4enc.run.ray import make_tasks
+    from gemma4enc.run.ray.actor import make_tasks
 
     tasks = {t["id"]: t for t in make_tasks([i for i in items if i.path not in started], 2)}
     ray_shards = {p.name for p in out.glob("shard-*-000.safetensors")}
@@ -190,7 +190,7 @@ def test_auto_where_the_last_cluster_died_or_froze_says_so_in_seconds(media, ckp
     import signal
     import tempfile
 
-    from gemma4enc.run.raycluster import probe
+    from gemma4enc.run.ray.cluster import probe
 
     folder = tempfile.mkdtemp(prefix="g4e-t-")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
@@ -247,7 +247,7 @@ def test_a_listener_that_is_not_ray_is_told_apart():
     import socket
     import threading
 
-    from gemma4enc.run.raycluster import probe
+    from gemma4enc.run.ray.cluster import probe
 
     server = socket.create_server(("127.0.0.1", 0))
 
@@ -267,7 +267,7 @@ def test_auto_follows_ray_address_and_probes_it(monkeypatch):
     """RAY_ADDRESS (as `ray job submit` sets it) is what auto joins: probed like any address."""
     import socket
 
-    from gemma4enc.run.raycluster import check_address
+    from gemma4enc.run.ray.cluster import check_address
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -282,7 +282,7 @@ def test_auto_follows_ray_address_and_probes_it(monkeypatch):
 
 
 def test_pool_sizes_from_the_cluster():
-    from gemma4enc.run.ray import plan_pool
+    from gemma4enc.run.ray.cluster import plan_pool
 
     def ray(**kw):  # the pool is planned for --engine ray, which Options now requires of --ray-actors
         return Options(engine="ray", **kw)
@@ -301,7 +301,7 @@ def test_pool_sizes_from_the_cluster():
 
 
 def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats():
-    from gemma4enc.run.raycluster import connect
+    from gemma4enc.run.ray.cluster import connect
 
     def listening() -> set[str]:
         found = set()
