@@ -201,12 +201,16 @@ def loopback_s3(*buckets: str, front=None):
         server.stop()
 
 
-def ray_worker_hook(env: str, body: str) -> str:
+def ray_worker_hook(env: str, body: str, module: str = "gemma4enc.run.pipeline", name: str = "_encode",
+                    first: str = "window", own: str = "encode") -> str:
     """A sitecustomize.py for Ray's worker processes that see `env` set: `body` runs (as the code of
-    a function of `window`, *args, **kwargs) in place of the pipeline's `_encode`, whose own
-    function is `encode`. What the OOM killer, a segfault or a hang does to an actor, on cue."""
+    a function of `first`, *args, **kwargs) in place of `name` in `module` (a function, or a
+    method as "Class.method"), whose own function is `own`: by default the pipeline's `_encode`,
+    as `encode`. What the OOM killer, a segfault or a hang does to an actor, on cue."""
     import textwrap
 
+    owner, _, attr = name.rpartition(".")
+    holder = f"module.{owner}" if owner else "module"
     return f'''
 import os, sys
 if os.environ.get("{env}") and "default_worker.py" in " ".join(sys.argv):
@@ -214,7 +218,7 @@ if os.environ.get("{env}") and "default_worker.py" in " ".join(sys.argv):
 
     class Hook(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name != "gemma4enc.run.pipeline":
+            if name != "{module}":
                 return None
             sys.meta_path.remove(self)
             spec = importlib.util.find_spec(name)
@@ -222,11 +226,11 @@ if os.environ.get("{env}") and "default_worker.py" in " ".join(sys.argv):
 
             def exec_module(module):
                 load(module)
-                encode = module._encode
+                {own} = {holder}.{attr}
 
-                def _encode(window, *args, **kwargs):
+                def {attr}({first}, *args, **kwargs):
 {textwrap.indent(textwrap.dedent(body).strip(), " " * 20)}
-                module._encode = _encode
+                {holder}.{attr} = {attr}
             spec.loader.exec_module = exec_module
             return spec
 

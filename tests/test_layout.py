@@ -98,8 +98,7 @@ def test_architecture_lists_every_module():
 # OUT's seam (output/out.py): only these may reach the store layer; nothing above output/ knows a
 # store exists. export.py writes an export's DEST (not OUT) to a store; a Ray actor uploads its
 # task's shards itself, never holding OUT's lock.
-STORE_USERS = {"gemma4enc.output.storeout", "gemma4enc.output.export", "gemma4enc.run.ray",
-               "gemma4enc.run.ray.actor"}
+STORE_USERS = {"gemma4enc.output.storeout", "gemma4enc.output.export", "gemma4enc.run.ray.actor"}
 
 
 def test_only_the_seam_reaches_the_store():
@@ -180,3 +179,11 @@ def test_private_names_stay_in_their_module():
     assert not new, "private names taken from another module:\n" + "\n".join(new)
     gone = sorted(PRIVATE_CROSSINGS_LEFT - crossings)
     assert not gone, "no longer crossing, drop from PRIVATE_CROSSINGS_LEFT:\n" + "\n".join(gone)
+
+
+def test_the_ray_actor_stands_alone():
+    """What runs on Ray's workers imports nothing of the driver's nor of the cluster's (nor the
+    package's face, which imports the driver): an actor needs the pipeline, not the run around it."""
+    actor = "gemma4enc.run.ray.actor"
+    forbidden = {"gemma4enc.run.ray", "gemma4enc.run.ray.driver", "gemma4enc.run.ray.cluster"}
+    assert not _graph()[actor] & forbidden, sorted(_graph()[actor] & forbidden)

@@ -50,6 +50,18 @@ KILLER = ray_worker_hook("G4E_TEST_MARKS", """
 """)
 
 
+# Makes a Ray worker raise where G4E_TEST_RAISE is set: an error on fails.jpg (its task is then tried
+# file by file, and fails.jpg alone is recorded as failed), and, where G4E_TEST_OUTPUT is set too,
+# OUT stopping taking writes on every window.
+RAISER = ray_worker_hook("G4E_TEST_RAISE", """
+    from gemma4enc.errors import OutputError
+    if os.environ.get("G4E_TEST_OUTPUT"):
+        raise OutputError("cannot write on cue")
+    if any(os.path.basename(d.item.path) == "fails.jpg" for d in window):
+        raise RuntimeError("on cue")
+    return encode(window, *args, **kwargs)
+""")
+
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
     root = good_media(tmp_path_factory.mktemp("ray") / "media")
@@ -89,7 +101,7 @@ def test_ray_equals_local_and_resumes_what_is_left(media, ckpt, local, tmp_path)
 
     # each task's shard is named from its files: the names the driver can compute again
     items, _ = discover([str(media)], None, [], [], False)
-    from gemma4enc.run.ray import make_tasks
+    from gemma4enc.run.ray.actor import make_tasks
 
     tasks = {t["id"]: t for t in make_tasks([i for i in items if i.path not in started], 2)}
     ray_shards = {p.name for p in out.glob("shard-*-000.safetensors")}
@@ -137,6 +149,38 @@ def test_a_dying_worker_is_retried_and_a_file_that_always_kills_it_is_recorded(m
     report = verify(out)
     assert report["ok"] and not report["warnings"], report  # the dead tasks' shards were removed
 
+
+def test_an_actors_error_is_told_by_its_kind(media, ckpt, tmp_path, monkeypatch):
+    """A task that raised is tried file by file, and the file that raises alone is an `error` row
+    with the reason, its task's other files saved; OUT that stops taking writes in an actor stops
+    the whole run (exit 4) with the actor's message, and nothing more is recorded."""
+    work = tmp_path / "media"
+    work.mkdir()
+    for p in media.iterdir():
+        (work / p.name).write_bytes(p.read_bytes())
+    (work / "fails.jpg").write_bytes((media / "photo0.jpg").read_bytes())
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(RAISER)
+    monkeypatch.setenv("PYTHONPATH", f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("G4E_TEST_RAISE", "1")
+
+    out = tmp_path / "out"
+    result = encode([work, "-o", out, "--model", ckpt, *BASE, *RAY, "--task-files", "3"])
+    assert result.exit_code == 1, result.output
+    rows = by_name(out)
+    assert rows["fails.jpg"]["status"] == "error" and rows["fails.jpg"]["error"] == "RuntimeError: on cue"
+    assert rows["broken.jpg"]["status"] == "decode_error"
+    assert set(rows) == {p.name for p in work.iterdir()}  # no file lost with its task
+    assert all(r["status"] == "ok" for name, r in rows.items() if name not in ("fails.jpg", "broken.jpg"))
+    report = verify(out)
+    assert report["ok"] and not report["warnings"], report  # the failed task's shards were removed
+
+    (work / "new.jpg").write_bytes((media / "photo1.jpg").read_bytes())
+    monkeypatch.setenv("G4E_TEST_OUTPUT", "1")
+    stopped = encode([work, "-o", out, "--model", ckpt, *BASE, *RAY])
+    assert stopped.exit_code == 4 and "cannot write on cue" in stopped.output, stopped.output
+    assert "new.jpg" not in by_name(out) and verify(out)["ok"]
 
 def test_unreachable_cluster_and_too_few_resources_fail_fast(media, ckpt, tmp_path):
     import socket
@@ -190,7 +234,7 @@ def test_auto_where_the_last_cluster_died_or_froze_says_so_in_seconds(media, ckp
     import signal
     import tempfile
 
-    from gemma4enc.run.raycluster import probe
+    from gemma4enc.run.ray.cluster import probe
 
     folder = tempfile.mkdtemp(prefix="g4e-t-")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
@@ -247,7 +291,7 @@ def test_a_listener_that_is_not_ray_is_told_apart():
     import socket
     import threading
 
-    from gemma4enc.run.raycluster import probe
+    from gemma4enc.run.ray.cluster import probe
 
     server = socket.create_server(("127.0.0.1", 0))
 
@@ -267,7 +311,7 @@ def test_auto_follows_ray_address_and_probes_it(monkeypatch):
     """RAY_ADDRESS (as `ray job submit` sets it) is what auto joins: probed like any address."""
     import socket
 
-    from gemma4enc.run.raycluster import check_address
+    from gemma4enc.run.ray.cluster import check_address
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -282,7 +326,7 @@ def test_auto_follows_ray_address_and_probes_it(monkeypatch):
 
 
 def test_pool_sizes_from_the_cluster():
-    from gemma4enc.run.ray import plan_pool
+    from gemma4enc.run.ray.cluster import plan_pool
 
     def ray(**kw):  # the pool is planned for --engine ray, which Options now requires of --ray-actors
         return Options(engine="ray", **kw)
@@ -301,7 +345,7 @@ def test_pool_sizes_from_the_cluster():
 
 
 def test_a_private_ray_listens_on_loopback_only_without_dashboard_or_usage_stats():
-    from gemma4enc.run.raycluster import connect
+    from gemma4enc.run.ray.cluster import connect
 
     def listening() -> set[str]:
         found = set()

@@ -50,37 +50,15 @@ HANG = ray_worker_hook(HANG_ENV, """
 
 # The same node's actors hang instead while they start: in the constructor of a pool actor (one Ray
 # Data starts; the driver's own first actor, which it times, starts as usual), after a mark.
-HANG_AT_START = f'''
-import os, sys
-if os.environ.get("{HANG_ENV}") and "default_worker.py" in " ".join(sys.argv):
-    import importlib.abc, importlib.util
-
-    class Hook(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "gemma4enc.run.ray":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            load = spec.loader.exec_module
-
-            def exec_module(module):
-                load(module)
-                init = module.TaskEncoder.__init__
-
-                def __init__(self, *args, **kwargs):
-                    import threading, traceback
-                    if any("/ray/data/" in f.filename for f in traceback.extract_stack()):
-                        mark = os.path.join(os.environ["{HANG_ENV}"], str(os.getpid()))
-                        open(mark + ".tmp", "w").close()
-                        os.replace(mark + ".tmp", mark)
-                        threading.Event().wait()  # until the node, and this process with it, is killed
-                    init(self, *args, **kwargs)
-                module.TaskEncoder.__init__ = __init__
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, Hook())
-'''
+HANG_AT_START = ray_worker_hook(HANG_ENV, """
+    import threading, traceback
+    if any("/ray/data/" in f.filename for f in traceback.extract_stack()):
+        mark = os.path.join(os.environ["G4E_TEST_HANG"], str(os.getpid()))
+        open(mark + ".tmp", "w").close()
+        os.replace(mark + ".tmp", mark)
+        threading.Event().wait()  # until the node, and this process with it, is killed
+    init(self, *args, **kwargs)
+""", module="gemma4enc.run.ray.actor", name="TaskEncoder.__init__", first="self", own="init")
 
 
 @pytest.fixture(scope="module")

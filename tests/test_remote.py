@@ -188,7 +188,7 @@ def test_ray_actors_read_urls_and_tars_and_write_an_s3_out(s3, good, ckpt, tmp_p
     pytest.importorskip("ray")
     import gemma4enc
     from gemma4enc.commands.cli import app
-    from gemma4enc.run import ray as engine
+    from gemma4enc.run.ray import driver as engine
 
     monkeypatch.setattr(engine, "ROUND_FILES", 4)
 

@@ -221,7 +221,7 @@ def test_every_file_gone(tmp_path, data):
 def test_partitions_on_ray_find_what_local_finds(data, monkeypatch):
     """A private Ray on loopback compares the partitions: the very pairs the local pass finds."""
     pytest.importorskip("ray")
-    from gemma4enc.run.ray import connect
+    from gemma4enc.run.ray.cluster import connect
 
     vectors, _ = data
     cache = _Vectors(vectors[:6_000])

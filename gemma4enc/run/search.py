@@ -239,7 +239,7 @@ def duplicates(out, threshold: float = 0.98, log=lambda message: None, method: s
         if method == "auto":
             method = "exact" if cache.live ** 2 * cache.dim <= dedup.EXACT_FLOP else "partitioned"
         if engine == "ray" and method == "partitioned":
-            from .ray import connect
+            from .ray.cluster import connect
 
             on_ray = connect(ray_address)
         else:

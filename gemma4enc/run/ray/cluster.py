@@ -8,6 +8,13 @@ So before Ray is asked, the driver finds the address itself (RAY_ADDRESS, else t
 start` leaves) and asks it, with a deadline, the first question of any gRPC server (HTTP/2's
 preface, answered by a SETTINGS frame): a dead, frozen or foreign listener is told in one line
 (exit 2) within PROBE_S, and Ray is not started.
+
+What the cluster can hold is asked here too: the actor pool planned from its resources (one
+actor per GPU, or per CPU share without GPUs), refused at once where Ray could never schedule it
+(Ray would wait forever), and the first actor started and timed alone (START_S bounds it), so a
+constructor that fails is told once, not restarted by a pool without end.
+
+Ray is imported only in this package (run/ray/), only with --engine ray.
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 
-from ..errors import UsageError
+from ...errors import UsageError
+from ...options import Options
 
 # Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
 LOCAL_ENV = {
@@ -35,6 +44,8 @@ PROBE_DEFAULT_S = 10.0
 # HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers with its own SETTINGS
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 _SETTINGS = 4  # the frame type byte of the answer
+START_S = "GEMMA4ENC_RAY_START_S"  # seconds the first actor may take to start (imports, tower load)
+START_DEFAULT_S = 900.0  # generous: a loaded 2-core machine took minutes; a real failure is told at once
 
 
 def _split(address: str, flag: str) -> tuple[str, int]:
@@ -186,3 +197,70 @@ def _connected(address: str | None, wait_s: float):
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
         if temp:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Pool:
+    actors: int
+    gpus: int  # per actor: 1 or 0
+    cpus: int  # per actor: 1 + its decode workers
+    device: str  # what the actors run on: cuda or cpu
+
+
+def plan_pool(resources: dict, options: Options) -> Pool:
+    """Actors and their resources from the cluster's; refuses what cannot be scheduled (Ray would wait forever)."""
+    gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+    if options.device not in ("auto", "cpu", "cuda"):
+        raise UsageError(
+            f"--engine ray gives each actor a GPU of its own or CPUs: use --device auto, cuda or cpu, "
+            f"not {options.device}"
+        )
+    if options.device == "cuda" or (options.device == "auto" and gpus):
+        actors = options.ray_actors or gpus
+        if not gpus or actors > gpus:
+            raise UsageError(
+                f"{max(actors, 1)} GPU actor(s) need as many GPUs, and the Ray cluster has {gpus}; "
+                "use --ray-actors, or --device cpu"
+            )
+        workers = options.workers if options.workers is not None else max(0, min(8, cpus // gpus - 1))
+        pool = Pool(actors, 1, 1 + workers, "cuda")
+    else:
+        workers = options.workers or 0  # the actors themselves fill the cores
+        pool = Pool(options.ray_actors or max(1, cpus // (1 + workers)), 0, 1 + workers, "cpu")
+    if pool.actors * pool.cpus > cpus:
+        raise UsageError(
+            f"{pool.actors} actor(s) × {pool.cpus} CPUs (1 + --workers {pool.cpus - 1}) need "
+            f"{pool.actors * pool.cpus} CPUs, and the Ray cluster has {cpus}"
+        )
+    return pool
+
+
+def first_actor_start(ray, pool: Pool, actor: type, *args) -> float:
+    """Start one `actor(*args)` as the pool will (its resources, its constructor: imports and the
+    tower) and time it: a constructor that fails is told once here, where a pool would restart it
+    without end, and a machine too busy to start even one is told after START_S. Seconds it took."""
+    limit = float(os.environ.get(START_S) or START_DEFAULT_S)
+    actor_class = ray.remote(num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=0)(actor)
+    start = time.perf_counter()
+    handle = actor_class.remote(*args)
+    try:
+        ray.get(handle.__ray_ready__.remote(), timeout=limit)
+    except ray.exceptions.GetTimeoutError:
+        raise UsageError(
+            f"a Ray actor did not start in {limit:.0f} s ({pool.cpus} CPU(s)"
+            f"{' and a GPU' if pool.gpus else ''} each: the machine is too busy or the cluster "
+            f"has no room); set {START_S} to wait longer"
+        ) from None
+    except ray.exceptions.RayError as e:
+        raise UsageError(f"a Ray actor could not start: {_first_line(e)}") from None
+    finally:
+        ray.kill(handle)
+    return time.perf_counter() - start
+
+
+def _first_line(e: Exception) -> str:
+    """The innermost reason of a Ray error (its text holds the actor's whole traceback)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return next(
+        (line for line in reversed(lines) if "Error" in line.split(":")[0]), lines[-1] if lines else ""
+    )
