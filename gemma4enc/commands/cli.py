@@ -12,14 +12,26 @@ import os
 import sys
 import threading
 
-# each registers its commands on the app, in the order --help lists them
-from . import running  # noqa: F401 - encode, plan (demo)
-
-# isort: split
-from . import folder, tools  # noqa: F401
-from .app import app
-
 __all__ = ["app", "console", "main"]
+
+
+def _app():
+    """The app with every command registered, imported on first use: a plain search (quick.py)
+    answers without it."""
+    # each registers its commands on the app, in the order --help lists them
+    from . import running  # noqa: F401 - encode, plan (demo)
+
+    # isort: split
+    from . import folder, tools  # noqa: F401
+    from .app import app
+
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":  # `from gemma4enc.commands.cli import app`, as before
+        return _app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
@@ -40,7 +52,12 @@ def _run() -> None:
     # in the environment is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
-        app()
+        from .quick import run
+
+        code = run(sys.argv[1:])
+        if code is not None:
+            sys.exit(code)
+        _app()()
     except KeyboardInterrupt:  # one that lands past the command's own handling: still exit 130
         sys.exit(130)
 
