@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 
-__all__ = ["app", "console", "main"]
+__all__ = ["console", "main"]  # and app, imported on first use (__getattr__)
 
 
 def _app():
