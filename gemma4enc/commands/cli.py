@@ -64,9 +64,9 @@ def _run() -> None:
 
 def console() -> None:
     """The console script and `python -m gemma4enc`: main(), then a quick way out of a process that
-    imported torch. Tearing down an interpreter that holds torch (its modules, their objects, the
-    libraries' destructors) is slow (docs/benchmarks.md) and does nothing for the user: everything
-    a command writes is closed by then. So the exit handlers run, stdout and stderr are flushed, and
+    imported torch (or faiss: search). Tearing down an interpreter that holds torch (its modules,
+    their objects, the libraries' destructors) is slow (docs/benchmarks.md) and does nothing for the
+    user: everything a command writes is closed by then. So the exit handlers run, stdout and stderr are flushed, and
     the process ends (os._exit). Anything unusual (a thread still running, a flush that fails, an
     exit code that is not a number) takes Python's own way out. In-process callers use main()."""
     try:
@@ -89,7 +89,8 @@ def _stale_script() -> bool:
 
 def _quick_exit(code: int) -> None:
     """End now if nothing is left that Python's shutdown would wait for; else return."""
-    if "torch" not in sys.modules:  # nothing heavy to tear down (--help, a bad flag, a no-op run)
+    # nothing heavy to tear down (--help, a bad flag, a no-op run); faiss's is a tenth of a cached search
+    if "torch" not in sys.modules and "faiss" not in sys.modules:
         return
     main_thread = threading.main_thread()
     if any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()):
