@@ -143,6 +143,9 @@ def main() -> None:
     parser.add_argument("--dups-n", type=int, default=100_000)
     parser.add_argument("--skip-full-dups", action="store_true")
     parser.add_argument("--only-subset", action="store_true", help="only step 4 (the --dups-n folder)")
+    parser.add_argument("--only-query", action="store_true", help="only steps 1 and 2 (no duplicates)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="use the folder (and its cache) a previous run left under --work as it is")
     parser.add_argument("--work", type=Path, default=Path("bench-out/search"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--pairs-worker", nargs=4, help=argparse.SUPPRESS)
@@ -163,22 +166,24 @@ def main() -> None:
 
     if not args.only_subset:
         whole(args, note)
-    subset(args, note)
+    if not args.only_query:
+        subset(args, note)
 
 
 def whole(args, note) -> None:
     out = (args.work / f"out-{args.n}-{args.dim}").resolve()
-    start = time.perf_counter()
-    make_folder(out, args.n, args)
-    note("made", {"wall_s": round(time.perf_counter() - start, 1)})
     query = path_of(7)  # in OUT (the file is gone: OUT's vector is all there is)
-    note("search, first (builds cache + index)", timed([*CLI, "search", str(out), query, "-k", "10", "-q"]))
+    if not (args.reuse and (out / "search-index.json").exists()):
+        start = time.perf_counter()
+        make_folder(out, args.n, args)
+        note("made", {"wall_s": round(time.perf_counter() - start, 1)})
+        note("search, first (builds cache + index)", timed([*CLI, "search", str(out), query, "-k", "10", "-q"]))
     note("search, cached, 1 query", timed([*CLI, "search", str(out), query, "-k", "10", "-q"]))
     listing = "\n".join(path_of(i) for i in range(0, args.n, max(1, args.n // args.queries))[: args.queries])
     note(f"search, cached, {args.queries} queries (--files-from -)",
          timed([*CLI, "search", str(out), "--files-from", "-", "-k", "10", "-q", "--json"], stdin=listing))
     note("recall@10 vs exact", recall_at_10(out, args.sample))
-    if not args.skip_full_dups:
+    if not (args.skip_full_dups or args.only_query):
         note(f"duplicates, all {args.n:,} (auto)", timed([*CLI, "search", str(out), "--duplicates", "--threshold",
                                                           str(args.threshold), "--drop-list", "/dev/null", "-q"]))
 

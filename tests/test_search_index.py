@@ -232,3 +232,56 @@ def test_partitions_on_ray_find_what_local_finds(data, monkeypatch):
         dedup.find_groups(cache, 0.9, "partitioned", k=40, pairs_out=remote, ray=ray)
     pairs = lambda found: {(min(a, b), max(a, b)) for x, y in found for a, b in zip(x.tolist(), y.tolist())}  # noqa: E731
     assert pairs(remote) == pairs(local) and len(pairs(local)) > 0
+
+
+HEAVY = ("torch", "transformers", "safetensors", "pydantic", "PIL", "av", "ray", "pyarrow", "boto3", "fsspec",
+         "gemma4enc.commands.running", "gemma4enc.commands.tools", "gemma4enc.model")
+
+
+def test_a_cached_query_imports_only_what_it_needs(tmp_path, data, small_flat):
+    """A cached search from the console script (quick.py's path) imports none of encode's heavy parts
+    nor Typer's parsing, and prints what the Typer command prints."""
+    import json
+    import subprocess
+    import sys
+
+    from gemma4enc.commands.cli import app
+
+    from .helpers import RUN
+
+    vectors, _ = data
+    out = tmp_path / "out"
+    append_shard(out, vectors[:12_000], range(12_000))
+    search_module.Searcher(out).close()  # the ivfpq cache built here, read by the child
+    argv = ["search", str(out), path_of(7), path_of(9), "-k", "3", "--json", "-q"]
+    code = (f"import atexit, json, sys\nsys.argv = ['gemma4enc', *{argv!r}]\n"  # the exit handlers run, then
+            f"atexit.register(lambda: sys.stderr.write(json.dumps([m for m in {HEAVY!r} if m in sys.modules])))\n"
+            "from gemma4enc.commands.cli import console\nconsole()\n")  # console's os._exit (faiss is in)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stderr.splitlines()[-1]) == [], done.stderr
+    report = json.loads(done.stdout)
+    assert report["index"] == "ivfpq" and [h["path"] for h in report["results"][0]["hits"]][0] == path_of(7)
+    typed = RUN.invoke(app, argv)
+    assert typed.exit_code == 0 and json.loads(typed.stdout) == report
+
+
+@pytest.mark.parametrize("argv, taken", [
+    (["search", "OUT", "a.jpg"], {"k": 10, "files": ["a.jpg"]}),
+    (["search", "-q", "OUT", "--top", "3", "a.jpg", "--json", "--", "-b.jpg"], {"k": 3, "files": ["a.jpg", "-b.jpg"]}),
+    (["search", "OUT", "--files-from", "-", "-k", "-1"], {"k": -1, "files_from": "-", "files": []}),
+    (["search", "OUT"], None),  # nothing to search for: Typer's usage error
+    (["search", "OUT", "a.jpg", "--duplicates"], None),
+    (["search", "OUT", "a.jpg", "--top=3"], None),
+    (["search", "OUT", "a.jpg", "-k", "3", "-k", "4"], None),
+    (["search", "OUT", "a.jpg", "-k", "5_0"], None),
+    (["search", "OUT", "a.jpg", "-k"], None),
+    (["search", "OUT", "a.jpg", "--help"], None),
+    (["inspect", "OUT"], None),
+])
+def test_the_quick_path_takes_only_plain_searches(argv, taken):
+    from gemma4enc.commands.quick import plain_search
+
+    got = plain_search(argv)
+    assert (got is None) == (taken is None)
+    if taken is not None:
+        assert got["out"] == "OUT" and {key: got[key] for key in taken} == taken

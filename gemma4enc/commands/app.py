@@ -129,16 +129,20 @@ class Command(TyperCommand):
             _json_error(wants_json, e.format_message(), e.exit_code)
             raise
         except BaseException as e:  # noqa: BLE001 - every other way out gets its code and its line
-            code, kind, message = exit_for(e, ctx.info_name)
-            if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
-                traceback.print_exc()
-            _say(
-                lambda: typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True)
-            )
-            if isinstance(e, OSError) and code == 4 and not e.filename:
-                _silence(sys.stdout)  # stdout is what failed: its JSON cannot be given either
-            _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)
-            raise typer.Exit(code) from None
+            raise typer.Exit(ended(e, ctx.info_name, wants_json)) from None
+
+
+def ended(e: BaseException, command: str, wants_json: bool) -> int:
+    """The last word on an exception that ends a command (one line on stderr, and the JSON object
+    with --json); its exit code. Also the way out of search's quick path (quick.py)."""
+    code, kind, message = exit_for(e, command)
+    if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
+        traceback.print_exc()
+    _say(lambda: typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True))
+    if isinstance(e, OSError) and code == 4 and not e.filename:
+        _silence(sys.stdout)  # stdout is what failed: its JSON cannot be given either
+    _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)
+    return code
 
 
 def _plain_argument(param) -> None:

@@ -12,14 +12,26 @@ import os
 import sys
 import threading
 
-# each registers its commands on the app, in the order --help lists them
-from . import running  # noqa: F401 - encode, plan (demo)
+__all__ = ["console", "main"]  # and app, imported on first use (__getattr__)
 
-# isort: split
-from . import folder, tools  # noqa: F401
-from .app import app
 
-__all__ = ["app", "console", "main"]
+def _app():
+    """The app with every command registered, imported on first use: a plain search (quick.py)
+    answers without it."""
+    # each registers its commands on the app, in the order --help lists them
+    from . import running  # noqa: F401 - encode, plan (demo)
+
+    # isort: split
+    from . import folder, tools  # noqa: F401
+    from .app import app
+
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":  # `from gemma4enc.commands.cli import app`, as before
+        return _app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
@@ -40,16 +52,21 @@ def _run() -> None:
     # in the environment is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
-        app()
+        from .quick import run
+
+        code = run(sys.argv[1:])
+        if code is not None:
+            sys.exit(code)
+        _app()()
     except KeyboardInterrupt:  # one that lands past the command's own handling: still exit 130
         sys.exit(130)
 
 
 def console() -> None:
     """The console script and `python -m gemma4enc`: main(), then a quick way out of a process that
-    imported torch. Tearing down an interpreter that holds torch (its modules, their objects, the
-    libraries' destructors) is slow (docs/benchmarks.md) and does nothing for the user: everything
-    a command writes is closed by then. So the exit handlers run, stdout and stderr are flushed, and
+    imported torch (or faiss: search). Tearing down an interpreter that holds torch (its modules,
+    their objects, the libraries' destructors) is slow (docs/benchmarks.md) and does nothing for the
+    user: everything a command writes is closed by then. So the exit handlers run, stdout and stderr are flushed, and
     the process ends (os._exit). Anything unusual (a thread still running, a flush that fails, an
     exit code that is not a number) takes Python's own way out. In-process callers use main()."""
     try:
@@ -72,7 +89,8 @@ def _stale_script() -> bool:
 
 def _quick_exit(code: int) -> None:
     """End now if nothing is left that Python's shutdown would wait for; else return."""
-    if "torch" not in sys.modules:  # nothing heavy to tear down (--help, a bad flag, a no-op run)
+    # nothing heavy to tear down (--help, a bad flag, a no-op run); faiss's is a tenth of a cached search
+    if "torch" not in sys.modules and "faiss" not in sys.modules:
         return
     main_thread = threading.main_thread()
     if any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()):

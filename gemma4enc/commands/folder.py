@@ -13,7 +13,6 @@ from ..options import Options, parse_size
 from ..output.opening import open_out, reading
 from .app import command
 from .flags import Json, OutFolder, Quiet
-from .log import Bar
 
 
 @command()
@@ -286,13 +285,12 @@ def search(
 ):
     """Nearest files by cosine of pooled vectors (an index cached in OUT), or groups of near-duplicates."""
     from ..run.dedup import write_groups
-    from ..run.search import Searcher, duplicates, query_files
+    from ..run.search import duplicates, query_files
+    from .quick import answer
 
     wanted = query_files(files, files_from) if (files or files_from) else []
     if dups == bool(files or files_from):
         raise UsageError("give FILES (or --files-from) to search for, or --duplicates (not both)")
-    if not dups and not wanted:
-        raise UsageError("no file to search for: the folders and --files-from listed none")
     say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
     if dups:
         with reading(out) as o:
@@ -314,15 +312,4 @@ def search(
             f"≥ {threshold} ({report['method']}); {sum(len(g['drop']) for g in report['groups'])} to drop")
         return
     Options(device=device)  # a bad --device is refused before the index is read
-    with Searcher(out, device, log=say) as searcher:
-        report = searcher.query(wanted, k, bar=lambda n: Bar(n, True)) | {"out": str(out)}
-    if json_out:
-        typer.echo(json.dumps(report, indent=2))
-    else:
-        for result in report["results"]:
-            if len(wanted) > 1:
-                typer.echo(f"{result['file']}:")
-            typer.echo("\n".join(f"{hit['score']:.4f}  {hit['path']}" for hit in result["hits"]))
-    for failure in report["failed"]:
-        say(f"{failure['file']}: {failure['error']}")
-    raise typer.Exit(1 if report["failed"] else 0)
+    raise typer.Exit(answer(out, wanted, k, device, json_out, quiet))

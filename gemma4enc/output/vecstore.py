@@ -57,6 +57,7 @@ ROW = np.dtype([("hash", "<u8"), ("size", "<i8"), ("mtime", "<i8"), ("start", "<
 CHUNK = 1 << 14  # rows read, normalised and written at once
 LOCK_WAIT = 120.0  # seconds another process may hold the cache's lock while it updates it
 DEAD_SHARE = 0.25  # rebuilt from its own vectors past this share of dead ids
+SCANS = 8  # lookups by a scan of the hashes (~2 ms at 1 M ids) before they are sorted (~0.1 s) once
 
 
 def path_hash(path: str) -> int:
@@ -78,7 +79,7 @@ class Cache:
         self.vectors = VectorFile(folder / VECTORS, self.n, self.dim)
         self._paths_map = self._map(PATHS, int(rows["stop"][-1]) if self.n else 0)
         self.dead = rows["dead"]
-        self._order = None
+        self._order, self._scans = None, 0
         self.index = ann.read(folder / FAISS) if self.spec["kind"] == "ivfpq" else None
 
     def _map(self, name: str, size: int):
@@ -97,18 +98,20 @@ class Cache:
 
     def find(self, path: str) -> int:
         """The live id of `path`, or -1."""
-        if self._order is None:  # built on the first lookup: 16 bytes an id, small beside the vectors
-            self._order = np.argsort(self.rows["hash"], kind="stable")
-            self._sorted = self.rows["hash"][self._order]
         hashes = self.rows["hash"]
         h = np.uint64(path_hash(path))
-        lo = int(np.searchsorted(self._sorted, h))
-        while lo < self.n and hashes[self._order[lo]] == h:
-            i = int(self._order[lo])
-            if not self.dead[i] and self.path(i) == path:
-                return i
-            lo += 1
-        return -1
+        if self._order is None and self._scans < SCANS:  # a few lookups: a scan each, no sort
+            self._scans += 1
+            same = np.flatnonzero(hashes == h).tolist()
+        else:
+            if self._order is None:  # 16 bytes an id, small beside the vectors
+                self._order = np.argsort(hashes, kind="stable")
+                self._sorted = hashes[self._order]
+            lo = hi = int(np.searchsorted(self._sorted, h))
+            while hi < self.n and self._sorted[hi] == h:
+                hi += 1
+            same = self._order[lo:hi].tolist()
+        return next((i for i in same if not self.dead[i] and self.path(i) == path), -1)
 
     def vector(self, i: int) -> np.ndarray:
         return np.asarray(self.vectors[i], np.float32)
@@ -223,7 +226,7 @@ def _state(out: Out, folder: Path, meta: dict) -> str:
 
 def _load(folder: Path) -> Cache:
     meta = _meta(folder)
-    rows = np.load(folder / ROWS)
+    rows = np.load(folder / ROWS, mmap_mode="r")  # mapped, not copied: a query reads a few of 1 M rows
     return Cache(folder, meta, rows)
 
 
