@@ -1,12 +1,5 @@
-"""OUT, the output folder, as one object: made once at the edge by `open_out(where)` and passed down.
-
-OUT holds
-  settings.json                      the settings that shape the output, recorded once
-  manifest.jsonl                     one row per input file, appended; the latest row of a path wins
-  shard-NNNNNN.safetensors           a local run's shards (shard-<task>-NNN from a Ray task)
-  gemma4enc.lock                     while a run holds OUT
-  search-index.*                     search's cache (vecstore.py)
-  .gemma4enc-<name>.<pid>.tmp        a write in flight (gone once it is renamed into place)
+"""OUT, the output folder, as one object: made once at the edge by `open_out(where)` (opening.py)
+and passed down. What OUT holds, by name, is names.py's.
 
 `Out` is that folder and what may be done with it: its names, its settings, its lock, its ledger,
 appends, shard numbering and publishing, fetching a shard to read, repair of what a killed run left,

@@ -17,6 +17,7 @@ from ..output.out import Out
 from ..output.todo import Unchanged, still_to_do
 from ..rows import Status
 from .context import Run
+from .summary import NOTHING_TIMED, Summary
 
 
 @dataclass(frozen=True)
@@ -289,31 +290,18 @@ def _engine(name: str):
     return encode
 
 
-def _nothing_to_do(run: Run, checked: bool):
+def _nothing_to_do(run: Run, checked: bool) -> Summary:
     """Every file has its row: no model, no decode workers, no Ray (and no torch import).
 
     `checked`: preflight found the model (a folder this run made): its settings are recorded as
     a loaded model's would be. A re-run's settings already name the model that worked."""
-    from types import SimpleNamespace
-
     options = run.options
     if checked:
         run.ready()
-    summary = SimpleNamespace(
-        files=0, ok=0, failed=0, by_status={}, frames=0, tokens=0, patches=0, seconds=0.0
-    )
     if options.engine == "ray":
         run.log(f"{run.done} files, all done already; Ray not started")
-        summary.where = {"ray_address": options.ray_address or "local"}
-    else:
-        run.log(f"{run.done} files, all done already; model not loaded")
-        names = ", ".join(options.devices.split(",")) if options.devices else options.device
-        summary.where = {
-            "device": names,
-            "dtype": options.dtype,
-            "batching": options.batching,
-            "max_batch_patches": 0,
-            "tower_waited_share": None,
-            "decode_files_per_s_per_worker": None,
-        }  # as pipeline.NOTHING_TIMED
-    return summary
+        return Summary(where={"ray_address": options.ray_address or "local"})
+    run.log(f"{run.done} files, all done already; model not loaded")
+    names = ", ".join(options.devices.split(",")) if options.devices else options.device
+    where = {"device": names, "dtype": options.dtype, "batching": options.batching, "max_batch_patches": 0}
+    return Summary(where=where | NOTHING_TIMED)
