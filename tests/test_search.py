@@ -175,3 +175,27 @@ def test_command_line(folder, tmp_path):
     assert report["failed"][0]["file"] == str(tmp_path / "gone.png") and len(report["results"]) == 1
     broken = json.loads(cli(out, media / "broken.png", "--json", "-q", code=1).stdout)
     assert "status" in broken["failed"][0]["error"] and not broken["results"]
+
+
+def test_the_threshold_scripts_video_copy_is_another_codec_at_half_size(tmp_path):
+    """benchmarks/thresholds.py's re-encoded copy (docs/search.md's "re-encoded video" row): it
+    decodes, holds every frame of the source at half its size, in a codec other than the source's."""
+    import importlib.util
+    from pathlib import Path
+
+    import av
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "thresholds.py"
+    spec = importlib.util.spec_from_file_location("thresholds", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.scene_video(tmp_path / "a.mp4", seed=1, frames=12, size=(96, 64))
+    copy = bench.reencode(tmp_path / "a.mp4", tmp_path / "a~re")
+    with av.open(str(tmp_path / "a.mp4")) as src, av.open(str(copy)) as dst:
+        frames = [list(f.decode(video=0)) for f in (src, dst)]
+        codecs = [f.streams.video[0].codec_context.name for f in (src, dst)]
+    assert [len(f) for f in frames] == [12, 12]
+    assert (frames[0][0].width, frames[0][0].height) == (96, 64)
+    assert {(f.width, f.height) for f in frames[1]} == {(48, 32)}
+    # another codec unless this PyAV has no encoder but x264 (the copy then differs by quality only)
+    assert codecs[0] == "h264" and (codecs[1] != "h264") == (bench.recode_codec()[0] != "libx264")
