@@ -258,9 +258,10 @@ def plan(
 
     # -o OUT: planned with the settings OUT records, against its manifest (read whole, here)
     saved = ledger = None
+    shown = SETTINGS
     if out:
         with reading(out, need=False) as o:
-            saved = o.settings()
+            saved, shown = o.settings(), o.named(SETTINGS)
             ledger = o.ledger() if o.found() else None
     flags = dict(
         image_tokens=image_tokens,
@@ -270,9 +271,7 @@ def plan(
         max_frames=max_frames,
         out_dtype=out_dtype,
     )
-    options, notes = Options.resume(
-        saved, flags, _given(ctx), where=f"{out}/{SETTINGS}" if out else SETTINGS
-    )
+    options, notes = Options.resume(saved, flags, _given(ctx), where=shown)
     for note in notes:
         typer.echo(f"gemma4enc: {note}", err=True)
     recorded_model = model is None and saved and "model" in saved and "hidden_size" not in _given(ctx)
