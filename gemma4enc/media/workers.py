@@ -26,7 +26,6 @@ from ..rows import Status
 from . import video as decoding
 from .kinds import Item
 from .prepare import Decoded, prepare
-from .prepare import sha256  # noqa: F401 - output/todo.py still imports it from here
 
 
 def default_workers() -> int:

@@ -105,7 +105,7 @@ def still_to_do(
         ):
             todo.append(item)
         elif options.hash and row.status == Status.OK and not item.error:
-            from ..media.workers import sha256
+            from ..media.prepare import sha256
 
             saved = ledger.digest(item.path)
             if saved is None:
@@ -139,7 +139,7 @@ def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
         return None
     digest = None
     if options.hash:
-        from ..media.workers import sha256
+        from ..media.prepare import sha256
 
         try:
             digest = sha256(item.path, item.root, item.rel)
