@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError, reason
@@ -29,6 +30,15 @@ from .names import LOCAL_NAME, MANIFEST, SEARCH_INDEX, SETTINGS, SHARD_RE, TEMP_
 # a run compacts the manifest when superseded rows pass this many and outnumber the live ones:
 # then the rewrite costs no more than the rows appended since the last one
 AUTO_COMPACT_ROWS = 100_000
+
+@dataclass(frozen=True)
+class ActorOut:
+    """OUT as a Ray actor is told it (picklable): the folder it writes its task's shards into, or the
+    store it uploads them to. The actor never takes OUT's lock nor reads its manifest."""
+
+    folder: str | None = None
+    url: str | None = None
+
 
 class Out:
     """OUT: what every backend does alike, on `folder` (OUT itself, or a store's working copy)."""
@@ -51,9 +61,9 @@ class Out:
         """Where a person reads the rows, for a message."""
         return f"see {self.url}/{MANIFEST}"
 
-    def for_actors(self) -> str:
-        """OUT as another process reaches it (a Ray actor): picklable, plain."""
-        return str(self.folder)
+    def for_actors(self) -> ActorOut:
+        """OUT as another process reaches it (a Ray actor)."""
+        return ActorOut(folder=str(self.folder))
 
     def __str__(self) -> str:
         return self.url
@@ -99,7 +109,14 @@ class Out:
         return {p.name for p in self.folder.iterdir() if SHARD_RE.match(p.name)}
 
     def shard_sizes(self) -> list[int]:
-        return [(self.folder / n).stat().st_size for n in sorted(self.shard_names())]
+        """The shards' sizes as listed now (a run's summary; one that went meanwhile is left out)."""
+        sizes = []
+        for name in sorted(self.shard_names()):
+            try:
+                sizes.append((self.folder / name).stat().st_size)
+            except FileNotFoundError:  # another run's compaction, once this one let go of the lock
+                pass
+        return sizes
 
     def temp_files(self) -> list[str]:
         return sorted(p.name for p in self.folder.iterdir() if TEMP_RE.match(p.name))

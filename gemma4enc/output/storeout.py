@@ -37,7 +37,7 @@ from .files import append_rows
 from .ledger import Ledger
 from .lock import holding
 from .names import COMPACTED, LOCK, MANIFEST, PART_RE, PARTS, SEARCH_INDEX, SETTINGS, SHARD_RE, not_an_output
-from .out import Out
+from .out import ActorOut, Out
 from .repair import mark_lost
 from .store import Store, StoreLock
 
@@ -82,8 +82,8 @@ class StoreOut(Out):
     def rows_hint(self) -> str:
         return f"see gemma4enc inspect {self.url}"  # its manifest is in parts
 
-    def for_actors(self) -> str:
-        return self.url  # an actor uploads its shards itself
+    def for_actors(self) -> ActorOut:
+        return ActorOut(url=self.url)  # an actor uploads its shards itself
 
     # reading the store
 

@@ -5,9 +5,9 @@ holds, so the same files get the same id (and shard names) however often they ar
 actor loads the tower once and runs each task through the same `pipeline.run` as a local run. It
 writes the task's shards under names made from the task's id (shard-<id>-000.safetensors), so a
 retried task overwrites its own shards and never leaves a duplicate, and returns the task's rows
-for the driver to append to the manifest. The actor gets OUT as a plain string (a folder's path or
-a store's URL, picklable); it never takes OUT's lock nor reads its manifest, which are the
-driver's.
+for the driver to append to the manifest. The actor gets OUT as an `ActorOut` (a folder's path or a
+store's URL, picklable: output/out.py); it never takes OUT's lock nor reads its manifest, which are
+the driver's.
 
 Its result says what went wrong as a field, `error_kind` (ErrorKind), beside the message:
 "output" where OUT stopped taking writes (the driver stops the whole run, exit 4), "failed"
@@ -30,9 +30,9 @@ from typing import Literal
 
 from ...errors import OutputError
 from ...media.kinds import Item
-from ...media.remote import is_url
 from ...options import Options
 from ...output.names import task_shard_name
+from ...output.out import ActorOut
 from ...rows import Row
 
 # what a task's result says went wrong; "died" is the driver's, for a task that never came back
@@ -88,7 +88,7 @@ class TaskSink:
 class TaskEncoder:
     """One Ray actor: loads the tower once, then encodes one task per call with the local pipeline."""
 
-    def __init__(self, options: Options, out: str):
+    def __init__(self, options: Options, out: ActorOut):
         import ray
 
         from ...model.batching import budget_patches
@@ -101,15 +101,15 @@ class TaskEncoder:
             "cuda" if ray.get_gpu_ids() else "cpu"
         )  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU
         self.options = replace(options, device=device, max_failures=None)  # the driver counts failures
-        self.out = out
+        self.out = out.folder
         self.tower, _, self.mode = open_tower(self.options)
         self.max_patches = budget_patches(self.tower, self.options, self.mode)
         self.metadata = shard_metadata(self.options, self.tower)
         self.store = None
-        if is_url(out):  # OUT in a store: shards are written in a temp folder per task, then uploaded
+        if out.url is not None:  # OUT in a store: shards are written in a temp folder per task, then uploaded
             from ...output.store import Store
 
-            self.store = Store(out)
+            self.store = Store(out.url)
             self.store.reached = True  # the driver reached it: a failure here is the store's, retried
 
     def __call__(self, batch: dict) -> dict:
