@@ -3,16 +3,26 @@ has opened nothing before (run in a spawned interpreter: the test process's Pill
 
 Pillow's plugin registry only grows as files are opened, so a process that decoded a `.tga` is
 in a different state from one that did not; each "alone" row comes from a fork of the fresh
-process, each sequence from another fork."""
+process, each sequence from another fork.
+
+The forks are made here by hand, from the main thread, two at a time, not by a multiprocessing
+Pool: a Pool forks its fresh workers from a handler thread while its other threads run, and a
+child forked with a lock held elsewhere waits forever (seen once in CI: the whole run killed at
+the test's bound with nothing said). Each child sends its rows one by one, so one that does not
+finish within BOUND is killed and named with the file it was decoding."""
 
 from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+import time
+from multiprocessing.connection import wait
 
 import numpy as np
 
 MAX = 89_478_485
+BOUND = 120.0  # seconds for one child; a sequence takes ~0.1 s on an idle machine
+AT_ONCE = 2
 
 
 def row(path: str, fit: int | None = None) -> tuple:
@@ -30,8 +40,45 @@ def row(path: str, fit: int | None = None) -> tuple:
     return ("ok", frames.info["width"], frames.info["height"], hashlib.sha256(pixels.tobytes()).hexdigest())
 
 
-def _sequence(paths: list[str]) -> list[tuple]:
-    return [row(p) for p in paths]
+def _send_rows(conn, paths: list[str]) -> None:
+    for p in paths:
+        conn.send(row(p))
+    conn.close()
+
+
+def in_forks(sequences: list[list[str]]) -> list[list[tuple]]:
+    """Each sequence's rows, decoded in a fork of its own; a child that dies or outlives BOUND
+    ends this with one line naming the file it had reached."""
+    fork = mp.get_context("fork")
+    results: list[list[tuple]] = [[] for _ in sequences]
+    waiting = list(range(len(sequences)))[::-1]
+    running: dict = {}  # reader -> (index, process, deadline)
+    while waiting or running:
+        while waiting and len(running) < AT_ONCE:
+            i = waiting.pop()
+            reader, writer = fork.Pipe(duplex=False)
+            child = fork.Process(target=_send_rows, args=(writer, sequences[i]), daemon=True)
+            child.start()
+            writer.close()  # the child's copy is the only writer left: EOF when it ends
+            running[reader] = (i, child, time.monotonic() + BOUND)
+        soonest = min(deadline for _, _, deadline in running.values())
+        for reader in wait(list(running), timeout=max(0.0, soonest - time.monotonic())):
+            i, child, _ = running[reader]
+            try:
+                results[i].append(reader.recv())
+            except EOFError:
+                child.join()
+                del running[reader]
+                if len(results[i]) != len(sequences[i]):
+                    stuck = sequences[i][len(results[i])]
+                    raise SystemExit(f"a child died (exit {child.exitcode}) decoding {stuck}")
+        for reader, (i, child, deadline) in list(running.items()):
+            if time.monotonic() > deadline and not reader.poll():
+                child.kill()
+                stuck = sequences[i][len(results[i])]
+                raise SystemExit(f"a child still decoding {stuck} after {BOUND:.0f} s "
+                                 f"({len(results[i])} of {len(sequences[i])} done): killed")
+    return results
 
 
 def alone_and_after(paths: list[str], firsts: list[str]) -> tuple[list[tuple], dict[str, list[tuple]]]:
@@ -39,10 +86,8 @@ def alone_and_after(paths: list[str], firsts: list[str]) -> tuple[list[tuple], d
     import PIL.Image
 
     assert len(PIL.Image.ID) <= 6, "this process has opened images already"  # preinit's at most
-    fork = mp.get_context("fork")
-    with fork.Pool(2, maxtasksperchild=1) as pool:  # one fresh fork per task
-        alone = [r[0] for r in pool.map(_sequence, [[p] for p in paths], chunksize=1)]
-        after = pool.map(_sequence, [[first, *paths] for first in firsts], chunksize=1)
+    alone = [rows[0] for rows in in_forks([[p] for p in paths])]
+    after = in_forks([[first, *paths] for first in firsts])
     return alone, {first: rows[1:] for first, rows in zip(firsts, after)}
 
 
