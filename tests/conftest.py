@@ -6,6 +6,8 @@ reason, where no CUDA device is present (scripts/gpu_check.sh runs them on a GPU
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -15,7 +17,11 @@ from .corpus import good_media
 from .helpers import SHAPES, photo, reference
 
 # one intra-op thread whatever the machine: what a test computes, and how long it takes, does not
-# depend on the cores it finds, and the decode worker processes a test starts keep theirs
+# depend on the cores it finds, and the decode worker processes a test starts keep theirs. The
+# processes a test starts (`gemma4enc encode` in a subprocess, Ray's workers) get one too, through
+# the environment: on some CPUs (an Intel Xeon with AMX, seen here) the tower's float32 sums over
+# two threads differ in the last bit from one thread's, and tests compare such runs bit for bit
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 
