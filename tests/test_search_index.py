@@ -154,6 +154,20 @@ def test_partitioned_pairs_recall(data):
     assert alone <= got  # the boundary guests only add pairs
 
 
+def test_the_nearest_two_centroids_and_deep_groups():
+    """assign2's best two (by a partial sort) are a full sort's; groups() follows chains of any depth."""
+    rng = np.random.default_rng(5)
+    vectors, centroids = rng.standard_normal((3_000, 24), np.float32), rng.standard_normal((37, 24), np.float32)
+    first, second, s1, s2 = dedup.assign2(vectors, np.arange(3_000), centroids)
+    sims = vectors @ centroids.T
+    order = np.argsort(-sims, axis=1)
+    assert np.array_equal(first, order[:, 0]) and np.array_equal(second, order[:, 1])
+    assert np.allclose(s1, sims[np.arange(3_000), order[:, 0]]) and np.all(s1 >= s2)
+    uf = dedup.UnionFind(10)
+    uf.parent[:] = [0, 0, 1, 2, 3, 5, 6, 6, 7, 9]  # 0←1←2←3←4 and 6←7←8 as unions can leave them
+    assert [g.tolist() for g in uf.groups()] == [[0, 1, 2, 3, 4], [6, 7, 8]]
+
+
 def test_the_cache_lives_beside_the_shards_on_a_store(tmp_path, data, monkeypatch):
     """On an s3:// OUT (moto on loopback) the cache is uploaded once built, fetched and used as it
     is by the next search, and read on when a run adds a manifest part."""
