@@ -22,8 +22,8 @@ MIN_CODE = 16  # bytes a vector at the least, whatever the bound (fewer: the can
 BLOCK = 1 << 15  # rows scored at once by the flat scan
 REFINE = 10  # candidates per wanted hit that the IVF index proposes for exact re-ranking
 # and at least this many whatever k: PQ's codes cannot order near-ties, and a file's neighbours
-# in a dense region are many near-ties (10 M synthetic vectors, 500 to a cluster: 100 candidates
-# held 0.52 of the true top 10, 1,000 held 0.9995; docs/benchmarks.md)
+# in a dense region are many near-ties (at 10 M, 100 candidates held half the true top 10;
+# docs/benchmarks.md, 2026-12-04)
 CANDIDATES = 1000
 RERANK_QUERIES = 16  # queries whose candidates are read and scored together
 TRAIN_PER_LIST = 40  # training vectors per IVF list (faiss warns under 39)
@@ -114,7 +114,7 @@ def ivf_search(index, spec: dict, vectors, dead: np.ndarray, queries: np.ndarray
     scores = np.full(cand.shape, -np.inf, np.float32)
     found = cand >= 0
     for lo in range(0, len(queries), RERANK_QUERIES):  # a few queries' candidates read at a time:
-        at = slice(lo, lo + RERANK_QUERIES)  # 100 queries' 1,000 each, read at once, held 2.2 GB at 10 M
+        at = slice(lo, lo + RERANK_QUERIES)  # all of a long list's, read at once, took GBs at 10 M
         hit = found[at]
         uniq, inverse = np.unique(cand[at][hit], return_inverse=True)
         exact = np.asarray(vectors[uniq], np.float32) if len(uniq) else np.zeros((0, queries.shape[1]), np.float32)

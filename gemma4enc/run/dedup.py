@@ -115,8 +115,8 @@ def assign2(vectors, ids: np.ndarray, centroids: np.ndarray, release=lambda: Non
     for lo in range(0, n, TILE * 4):
         sims = np.asarray(vectors[ids[lo: lo + TILE * 4]], np.float32) @ centroids.T
         rows, at = np.arange(len(sims)), slice(lo, lo + len(sims))
-        # the best, then the best of the rest: two argmax passes (sorting all K per row took 20×
-        # as long, half the time of the matmul itself at K ≈ 3,000)
+        # the best, then the best of the rest: two argmax passes (a sort of all K per row cost as
+        # much as half the matmul at K ≈ 3,000; docs/benchmarks.md, 2026-12-04)
         first[at] = sims.argmax(1)
         s1[at] = sims[rows, first[at]]
         if sims.shape[1] > 1:
