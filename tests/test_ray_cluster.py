@@ -48,11 +48,11 @@ HANG = ray_worker_hook(HANG_ENV, """
     threading.Event().wait()  # until the node, and this process with it, is killed
 """)
 
-# The same node's actors hang instead while they start: in the constructor of a pool actor (one Ray
-# Data starts; the driver's own first actor, which it times, starts as usual), after a mark.
+# The same node's actors hang instead while they start: in the constructor of a pool actor (named
+# gemma4enc-pool-…; the driver's own first actor, which it times, starts as usual), after a mark.
 HANG_AT_START = ray_worker_hook(HANG_ENV, """
-    import threading, traceback
-    if any("/ray/data/" in f.filename for f in traceback.extract_stack()):
+    import threading, ray
+    if (ray.get_runtime_context().get_actor_name() or "").startswith("gemma4enc-pool-"):
         mark = os.path.join(os.environ["G4E_TEST_HANG"], str(os.getpid()))
         open(mark + ".tmp", "w").close()
         os.replace(mark + ".tmp", mark)
@@ -120,6 +120,13 @@ def node(cpus: int) -> dict:
     return {"num_cpus": cpus, "object_store_memory": 80 << 20}
 
 
+def said(err: Path) -> str:
+    """What the driver said: its stderr, and its --log-file (driver.log beside it: the progress lines
+    a quiet run writes only there)."""
+    log = err.with_name("driver.log")
+    return err.read_text() + (f"\n--- driver.log:\n{log.read_text()}" if log.exists() else "")
+
+
 def wait_for_mark(marks: Path, proc: subprocess.Popen, err: Path, seconds: float) -> str:
     """The files of the task hanging on the doomed node, once it holds one."""
     deadline = time.monotonic() + seconds
@@ -129,10 +136,10 @@ def wait_for_mark(marks: Path, proc: subprocess.Popen, err: Path, seconds: float
             return found[0].read_text()
         if proc.poll() is not None:
             pytest.fail(
-                f"the run ended ({proc.returncode}) before a task reached the doomed node:\n{err.read_text()}"
+                f"the run ended ({proc.returncode}) before a task reached the doomed node:\n{said(err)}"
             )
         time.sleep(0.1)
-    pytest.fail(f"no task reached the doomed node in {seconds} s:\n{err.read_text()}")
+    pytest.fail(f"no task reached the doomed node in {seconds} s:\n{said(err)}")
 
 
 def run_losing_a_node(c, doomed, marks, args, err: Path, env: dict) -> tuple[int, str, list[str]]:
@@ -147,7 +154,7 @@ def run_losing_a_node(c, doomed, marks, args, err: Path, env: dict) -> tuple[int
                 # the survivor alone does the rest: on a loaded 2-core machine (load 30) minutes
                 stdout, _ = proc.communicate(timeout=2 * START_S)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"the run did not end in {2 * START_S} s after its node died:\n{err.read_text()}")
+                pytest.fail(f"the run did not end in {2 * START_S} s after its node died:\n{said(err)}")
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -215,11 +222,13 @@ def test_a_node_lost_mid_run_loses_no_file_and_changes_no_token(
     out, err = f"s3://{base}/out", tmp_path / "driver.err"
     roots = [f"s3://{base}/media", f"s3://{base}/tars/rest.tar"]
     ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "0"]
-    args = encode_argv(*roots, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
-    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S))
+    log = ["--log-file", tmp_path / "driver.log"]
+    args = encode_argv(*roots, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2", *log)
+    # the pool's progress lines every 5 s: a failure's stderr says what the driver was waiting for
+    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S), GEMMA4ENC_RAY_PROGRESS_S="5")
     code, stdout, in_flight = run_losing_a_node(c, doomed, marks, args, err, env)
 
-    assert code == 0, err.read_text()
+    assert code == 0, said(err)
     summary = json.loads(stdout)
     assert summary["encoded"] == 10 and summary["ray_actors"] == 2, summary
     if lost == "mid_task":
@@ -254,11 +263,15 @@ def test_a_run_whose_actors_fit_on_no_node_left_stops_and_says_so(
     c, doomed, marks = two_nodes(2)
     out, err = tmp_path / "out", tmp_path / "driver.err"
     ray = ["--engine", "ray", "--ray-address", c.address, "--workers", "1"]
-    args = encode_argv(media, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2")
-    env = dict(os.environ, GEMMA4ENC_RAY_START_S=str(START_S), GEMMA4ENC_RAY_ROOM_S="5")
+    args = encode_argv(media, "-o", out, "--model", ckpt, *BASE, *ray, "--task-files", "2", "--log-file", tmp_path / "driver.log")
+    env = dict(
+        os.environ, GEMMA4ENC_RAY_START_S=str(START_S), GEMMA4ENC_RAY_ROOM_S="5", GEMMA4ENC_RAY_PROGRESS_S="1"
+    )
     code, stdout, in_flight = run_losing_a_node(c, doomed, marks, args, err, env)
 
-    assert code == 2, err.read_text()
+    assert code == 2, said(err)
+    # while it waited, it said so: which round, what was up, and what it waited for
+    assert "0 actor(s) up, 1 starting" in said(err) and "no live node has room for one" in said(err), said(err)
     assert (
         "no node left in the Ray cluster can hold an actor (2 CPU(s)) for 5 s"
         in json.loads(stdout)["error"]

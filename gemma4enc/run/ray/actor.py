@@ -112,8 +112,8 @@ class TaskEncoder:
             self.store = Store(out.url)
             self.store.reached = True  # the driver reached it: a failure here is the store's, retried
 
-    def __call__(self, batch: dict) -> dict:
-        task = {"id": str(batch["id"][0]), "items": str(batch["items"][0])}
+    def encode(self, task: dict) -> dict:
+        """One task ({"id", "items"}, from make_tasks): its shards written, its rows returned."""
         if self.store is None:
             return self._encode(task, self.out)
         # the task's own folder, gone with it: an actor lives as long as Ray keeps it and is killed,
@@ -157,9 +157,9 @@ class TaskEncoder:
             except OutputError:
                 pass
         return {
-            "id": [task["id"]],
-            "rows": [json.dumps([r.to_json() for r in rows] if not kind else [], ensure_ascii=True)],
-            "patches": [patches],
-            "error_kind": [kind],
-            "error": [error],
+            "id": task["id"],
+            "rows": json.dumps([r.to_json() for r in rows] if not kind else [], ensure_ascii=True),
+            "patches": patches,
+            "error_kind": kind,
+            "error": error,
         }

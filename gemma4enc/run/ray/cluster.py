@@ -26,7 +26,6 @@ import socket
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass
 
 from ...errors import UsageError
@@ -44,6 +43,7 @@ PROBE_DEFAULT_S = 10.0
 # HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers with its own SETTINGS
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 _SETTINGS = 4  # the frame type byte of the answer
+ROOM_S = "GEMMA4ENC_RAY_ROOM_S"  # seconds to wait for a node an actor fits on, once none is left
 START_S = "GEMMA4ENC_RAY_START_S"  # seconds the first actor may take to start (imports, tower load)
 START_DEFAULT_S = 900.0  # generous: a loaded 2-core machine took minutes; a real failure is told at once
 
@@ -123,13 +123,13 @@ def check_address(address: str) -> None:
 
 
 @contextlib.contextmanager
-def connect(address: str | None, wait_s: float = -1):
+def connect(address: str | None):
     """A private loopback-only Ray (address None), or the running cluster at `address`; shut down on exit.
 
     The environment it sets for Ray is put back on exit: a library user's process keeps its own."""
     saved = dict(os.environ)
     try:
-        with _connected(address, wait_s) as ray:
+        with _connected(address) as ray:
             yield ray
     finally:
         os.environ.clear()
@@ -137,7 +137,7 @@ def connect(address: str | None, wait_s: float = -1):
 
 
 @contextlib.contextmanager
-def _connected(address: str | None, wait_s: float):
+def _connected(address: str | None):
     if address is None:
         os.environ.update(LOCAL_ENV)
     else:
@@ -146,7 +146,6 @@ def _connected(address: str | None, wait_s: float):
             check_address(address)  # before Ray's import: a typo costs no second
     try:
         import ray
-        import ray.data
     except ImportError:
         raise UsageError("--engine ray needs Ray: pip install 'gemma4enc[ray]'") from None
     import logging
@@ -159,7 +158,6 @@ def _connected(address: str | None, wait_s: float):
     if address is None:  # also when Ray was imported before the environment was set (a notebook, a test)
         ray_constants.ENABLE_RAY_CLUSTER = False
     logging.getLogger("ray").setLevel(logging.ERROR)
-    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # a lost task is reported by us, with its files
     # short: Ray's sockets live in it; named with this process's id so a sweep can tell a dead one's
     temp = tempfile.mkdtemp(prefix=f"g4e-ray-{os.getpid()}-") if address is None else None
     try:
@@ -181,15 +179,6 @@ def _connected(address: str | None, wait_s: float):
                     f"cannot start or join Ray ({address or 'local'}): {str(e).splitlines()[0]}"
                 ) from None
             try:
-                with warnings.catch_warnings():  # Ray's own deprecations, not the user's to act on
-                    warnings.simplefilter("ignore")
-                    ctx = ray.data.DataContext.get_current()
-                ctx.max_errored_blocks = -1  # a lost task is found by its missing id and retried file by file
-                # no wait of Ray Data's for the whole pool: a round starts with the actors that are up,
-                # the others join as they start; the driver's watchdog bounds the wait for room
-                ctx.wait_for_min_actors_s = wait_s
-                ctx.enable_progress_bars = False
-                ctx.print_on_execution_start = False
                 yield ray
             finally:
                 ray.shutdown()
@@ -252,13 +241,13 @@ def first_actor_start(ray, pool: Pool, actor: type, *args) -> float:
             f"has no room); set {START_S} to wait longer"
         ) from None
     except ray.exceptions.RayError as e:
-        raise UsageError(f"a Ray actor could not start: {_first_line(e)}") from None
+        raise UsageError(f"a Ray actor could not start: {first_line(e)}") from None
     finally:
         ray.kill(handle)
     return time.perf_counter() - start
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     """The innermost reason of a Ray error (its text holds the actor's whole traceback)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return next(
