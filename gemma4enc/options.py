@@ -168,7 +168,7 @@ class Options:
     max_failures: int | None = None
     # several devices, one tower each ("all" = every CUDA device, or "cuda:0,cuda:1"); None: --device alone
     devices: str | None = None
-    # local: this process (and its decode workers) | ray: a Ray Data actor pool (run/ray/)
+    # local: this process (and its decode workers) | ray: a pool of Ray actors (run/ray/)
     engine: str = "local"
     # --engine ray: None starts a private local Ray; "auto" or HOST:PORT joins a running cluster
     ray_address: str | None = None

@@ -221,6 +221,14 @@ def export(
         )
 
 
+def _write_stdout(data: bytes) -> None:
+    import sys
+
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
 @command()
 def search(
     out: OutFolder,
@@ -263,8 +271,23 @@ def search(
     ] = None,
     drop_list: Annotated[
         Optional[str],
-        typer.Option("--drop-list", help="--duplicates: write the paths to drop here, one a line (- for stdout)."),
+        typer.Option("--drop-list", help="--duplicates: write the paths to drop here, one a line, or NUL-ended "
+                     "with -0 (- for stdout): only files unchanged since their encode whose kept file is too."),
     ] = None,
+    move_dropped: Annotated[
+        Optional[Path],
+        typer.Option("--move-dropped", help="--duplicates: move the files to drop into this folder (their "
+                     "absolute paths kept below it), each checked again just before; --undo-moves puts them back."),
+    ] = None,
+    undo_moves: Annotated[
+        Optional[Path],
+        typer.Option("--undo-moves", help="Put back every file an earlier --move-dropped moved into this folder."),
+    ] = None,
+    null: Annotated[
+        bool,
+        typer.Option("--null", "-0", help="NUL-separated: --files-from's names, and every list written "
+                     "(--drop-list, the groups' members)."),
+    ] = False,
     method: Annotated[
         str,
         typer.Option("--method", help="--duplicates: exact (every pair), partitioned (k-means, then exact "
@@ -284,32 +307,54 @@ def search(
     quiet: Quiet = False,
 ):
     """Nearest files by cosine of pooled vectors (an index cached in OUT), or groups of near-duplicates."""
+    from ..run import drop
     from ..run.dedup import write_groups
     from ..run.search import duplicates, query_files
     from .quick import answer
 
-    wanted = query_files(files, files_from) if (files or files_from) else []
+    say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
+    if undo_moves is not None:
+        report = drop.undo(undo_moves, say)
+        typer.echo(json.dumps(report, indent=2) if json_out else f"{report['put_back']} file(s) put back")
+        return
+    wanted = query_files(files, files_from, null) if (files or files_from) else []
     if dups == bool(files or files_from):
         raise UsageError("give FILES (or --files-from) to search for, or --duplicates (not both)")
-    say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
     if dups:
+        if drop_list not in (None, "-") and not Path(drop_list).parent.is_dir():
+            raise UsageError(f"--drop-list {drop_list}: no folder {Path(drop_list).parent}")
         with reading(out) as o:
             report = duplicates(o, threshold, log=say, method=method, keep=keep, engine=engine,
                                 ray_address=ray_address) | {"out": str(out)}
         if groups_to is not None:
             write_groups(groups_to, report["groups"])
+        drops, left = drop.standing(report)  # checked against the disk now: see run/drop.py
+        report.pop("seen")
+        if left:
+            say(f"{left} file(s) of the groups are left out of what is dropped: not unchanged files on this "
+                "disk (inside a tar, at a URL, or changed since the groups were made), or their kept file is not")
         if drop_list is not None:
-            dropped = "".join(p + "\n" for g in report["groups"] for p in g["drop"])
+            listed = drop.list_bytes([d.path for d in drops], null)
             if drop_list == "-":
-                typer.echo(dropped, nl=False)
+                _write_stdout(listed)
             else:
-                Path(drop_list).write_text(dropped, errors="surrogateescape")
+                try:
+                    Path(drop_list).write_bytes(listed)
+                except OSError as e:
+                    raise UsageError(f"--drop-list {drop_list}: {e.strerror or e}") from None
+        if move_dropped is not None:
+            report["moves"] = drop.move(drops, move_dropped, say)
         if json_out:
             typer.echo(json.dumps(report, indent=2))
         elif drop_list != "-":
-            typer.echo("\n\n".join("\n".join(group["members"]) for group in report["groups"]))
+            if null:  # each member NUL-ended, and each group too
+                _write_stdout(b"".join(drop.list_bytes(g["members"], True) + b"\0" for g in report["groups"]))
+            else:  # a line a member, a blank line between groups; a name with a newline is refused
+                drop.list_bytes([p for g in report["groups"] for p in g["members"]], False)
+                typer.echo("\n\n".join("\n".join(g["members"]) for g in report["groups"]))
         say(f"{len(report['groups'])} group(s) of {sum(g['size'] for g in report['groups'])} files at cosine "
-            f"≥ {threshold} ({report['method']}); {sum(len(g['drop']) for g in report['groups'])} to drop")
+            f"≥ {threshold} ({report['method']}); {len(drops)} to drop"
+            + (f", {report['moves']['moved']} moved to {move_dropped}" if move_dropped is not None else ""))
         return
     Options(device=device)  # a bad --device is refused before the index is read
     raise typer.Exit(answer(out, wanted, k, device, json_out, quiet))

@@ -3,12 +3,37 @@ appended manifest rows. Their names are names.py's."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import functools
 import json
 import os
+import stat
 from pathlib import Path
 
+from ..errors import UsageError
 from .names import MANIFEST, temp_name
+
+
+def own_opener(path, flags: int, mode: int = 0o644) -> int:
+    """os.open for one of OUT's own files (the manifest, the lock, the search cache), as `open(...,
+    opener=own_opener)`: never through a symbolic link, and only a regular file. A handed-over OUT
+    whose manifest.jsonl links to ~/.bashrc must not get rows appended to the user's file, and a
+    FIFO planted there must not block the run (O_NONBLOCK until the type is known).
+    See docs/security.md."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"{path} is a symbolic link: gemma4enc never opens its own files in OUT "
+                             "through a link (docs/security.md); replace it with a regular file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{path} is not a regular file (a FIFO, a device, a folder?): gemma4enc opens "
+                         "only regular files of its own in OUT (docs/security.md)")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
 
 
 def _fsync_dir(path: Path) -> None:
@@ -33,7 +58,9 @@ def _umask() -> int:
 
 
 def atomic_write(path: Path, write) -> None:
-    """write(tmp_path), then fsync and rename into place: readers never see half a file."""
+    """write(tmp_path), then fsync and rename into place: readers never see half a file. The temp
+    name is unpredictable (names.temp_name), so no link can be planted for it, and the rename
+    replaces a link at `path` rather than writing through it."""
     tmp = path.with_name(temp_name(path.name))
     try:
         write(tmp)
@@ -53,7 +80,7 @@ def append_rows(out: Path, rows: list) -> None:
     """Append whole lines and fsync: a kill leaves at most a torn last line, which readers skip."""
     if not rows:
         return
-    with open(Path(out) / MANIFEST, "ab") as f:
+    with open(Path(out) / MANIFEST, "ab", opener=own_opener) as f:
         f.write(b"".join(map(line_of, rows)))
         f.flush()
         os.fsync(f.fileno())

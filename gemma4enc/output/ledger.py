@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..rows import Status
-from .files import MANIFEST
+from .files import MANIFEST, own_opener
 
 
 class Entry(NamedTuple):
@@ -92,7 +92,7 @@ class Ledger:
         compaction replaces it later (a reader's snapshot)."""
         ledger = cls(out)
         if pin:
-            ledger._file = open(ledger.path, "rb")
+            ledger._file = open(ledger.path, "rb", opener=own_opener)
             ledger.ino = os.fstat(ledger._file.fileno()).st_ino
         ledger.refresh()
         return ledger
@@ -100,7 +100,7 @@ class Ledger:
     def refresh(self) -> Ledger:
         """Read on from where the last read stopped; start over if the file was replaced or shrank."""
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)  # a link is refused when it is opened
         except (
             FileNotFoundError,
             NotADirectoryError,
@@ -118,7 +118,7 @@ class Ledger:
     def _open(self):
         if self._file is not None:
             return contextlib.nullcontext(self._file)
-        return open(self.path, "rb")
+        return open(self.path, "rb", opener=own_opener)  # never through a link
 
     def _read_from(self, start: int) -> None:
         offset = start

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
+from .files import own_opener
 from .names import LOCK
 
 
@@ -30,7 +31,7 @@ class Lock:
 
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = own_opener(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link
             except OSError as e:  # read-only, another user's, gone: a folder this run cannot use
                 raise UsageError(f"cannot write to {self.path.parent}: {e.strerror or e}") from None
             try:

@@ -7,13 +7,14 @@ store's prefix), and so what it may clean up there and nothing else.
   shard-NNNNNN.safetensors           a local run's shards; shard-<task>-NNN from a Ray task
   gemma4enc.lock                     while a run holds OUT
   search-index.*                     search's cache (vecstore.py)
-  .gemma4enc-<name>.<pid>.tmp        a write in flight (gone once it is renamed into place)
+  .gemma4enc-<name>.<pid>-<16 hex>.tmp   a write in flight (gone once it is renamed into place)
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 
 MANIFEST = "manifest.jsonl"
 SETTINGS = "settings.json"  # OUT's record of the settings that shape the output
@@ -30,16 +31,19 @@ PART_RE = re.compile(r"^manifest\.parts/(\d{12})[-~][^/]*\.jsonl$")
 SHARD_RE = re.compile(r"^shard-(\d{6}|[0-9a-f]{16}-\d{3})\.safetensors$")
 LOCAL_NAME = "shard-{:06d}.safetensors"  # a local run's k-th shard
 
-# our temp files, and only ours (a user's .draft.tmp in OUT is never touched): .gemma4enc-<name>.<pid>.tmp,
-# and the names earlier versions used (.<our file>.<pid>.tmp, .write-test-<pid>.tmp)
+# our temp files, and only ours (a user's .draft.tmp in OUT is never touched):
+# .gemma4enc-<name>.<pid>-<16 hex>.tmp, and the names earlier versions used (.gemma4enc-<name>.<pid>.tmp,
+# .<our file>.<pid>.tmp, .write-test-<pid>.tmp)
 TEMP_RE = re.compile(
-    r"^\.gemma4enc-.+\.\d+\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
+    r"^\.gemma4enc-.+\.\d+(-[0-9a-f]{16})?\.tmp$|^\.(shard-[0-9a-f-]+\.safetensors|manifest\.jsonl|settings\.json)"
     r"\.\d+\.tmp$|^\.write-test-\d+\.tmp$"
 )
 
 
 def temp_name(name: str) -> str:
-    return f".gemma4enc-{name}.{os.getpid()}.tmp"
+    """A temp name nobody can guess (64 random bits): a link planted in OUT for the next pids' temp
+    files (a handed-over OUT) is never written through."""
+    return f".gemma4enc-{name}.{os.getpid()}-{secrets.token_hex(8)}.tmp"
 
 
 def task_shard_name(task: str, k: int) -> str:

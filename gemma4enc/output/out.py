@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError, reason
-from .files import append_rows, atomic_write
+from .files import append_rows, atomic_write, own_opener
 from .ledger import Ledger
 from .lock import Lock, running
 from .names import LOCAL_NAME, MANIFEST, SEARCH_INDEX, SETTINGS, SHARD_RE, TEMP_RE, not_an_output, temp_name
@@ -192,7 +192,7 @@ class Out:
         verify, inspect and open() read as a folder of no files, not as something else."""
         from .settings import settings_of
 
-        with open(self.folder / MANIFEST, "ab"):  # appends nothing: creates it where missing
+        with open(self.folder / MANIFEST, "ab", opener=own_opener):  # appends nothing: creates it where missing
             pass
         path = self.folder / SETTINGS
         if not path.exists():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ..rows import Row, Status
+from .files import own_opener
 from .ledger import Ledger
 from .names import SHARD_RE, TEMP_RE
 
@@ -21,7 +22,7 @@ def repair(out, ledger: Ledger | None = None) -> list[str]:
     ledger = (ledger or Ledger(folder)).refresh()  # stops before a torn last line: ledger.end is where it starts
     manifest = ledger.path
     if manifest.exists() and manifest.stat().st_size > ledger.end:
-        with open(manifest, "rb+") as f:  # the next append must start on a line of its own
+        with open(manifest, "rb+", opener=own_opener) as f:  # the next append must start on a line of its own
             f.truncate(ledger.end)
             os.fsync(f.fileno())
         notes.append("dropped a torn last line of the manifest (its file will be encoded again)")

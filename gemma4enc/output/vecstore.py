@@ -38,7 +38,7 @@ from ..errors import UsageError
 from ..rows import Status
 from . import ann
 from .vecfile import VectorFile
-from .files import atomic_write
+from .files import atomic_write, own_opener
 from .names import MANIFEST, not_an_output, temp_name
 from .opening import as_out
 from .out import Out
@@ -173,7 +173,7 @@ def _current(out: Out, folder: Path, log, rebuild: bool) -> tuple[Cache, bool]:
 @contextlib.contextmanager
 def _locked(folder: Path):
     """One process updates the cache at a time; a wait past LOCK_WAIT ends in a usage error."""
-    with open(folder / LOCK, "a+b") as f:
+    with open(folder / LOCK, "a+b", opener=own_opener) as f:
         deadline = time.monotonic() + LOCK_WAIT
         while True:
             try:
@@ -240,8 +240,8 @@ class _Writer:
 
     def __init__(self, folder: Path, n: int, dim: int, rows: np.ndarray, fresh: bool):
         mode = "wb" if fresh else "r+b"
-        self.vectors = open(folder / VECTORS, mode)
-        self.paths = open(folder / PATHS, mode)
+        self.vectors = open(folder / VECTORS, mode, opener=own_opener)  # never through a link
+        self.paths = open(folder / PATHS, mode, opener=own_opener)
         self.vectors.truncate(n * dim * 2)
         self.vectors.seek(n * dim * 2)
         end = int(rows["stop"][n - 1]) if n else 0
@@ -402,7 +402,7 @@ def _compact(cache: Cache, folder: Path, out: Out) -> None:
     tmp, paths_tmp = folder / temp_name(VECTORS), folder / temp_name(PATHS)  # what repair clears
     rows = np.zeros(len(live), ROW)
     at = 0
-    with open(tmp, "wb") as v, open(paths_tmp, "wb") as p:
+    with open(tmp, "xb") as v, open(paths_tmp, "xb") as p:  # new names nobody could plant
         for lo in range(0, len(live), CHUNK):
             ids = live[lo: lo + CHUNK]
             v.write(np.ascontiguousarray(cache.vectors[ids]).tobytes())

@@ -216,9 +216,13 @@ def _on_ray(ray, vectors, parts, threshold: float, release, log):
 
 
 def find_groups(cache, threshold: float, method: str = "auto", k: int | None = None,
-                boundary: float = BOUNDARY, log=lambda m: None, pairs_out: list | None = None, ray=None):
+                boundary: float = BOUNDARY, log=lambda m: None, pairs_out: list | None = None, ray=None,
+                usable=None):
     """(groups as arrays of ids, the method used). `pairs_out`: a list the (a, b) arrays go to;
-    `ray`: the connected ray module, to compare the partitions on its cluster."""
+    `ray`: the connected ray module, to compare the partitions on its cluster; `usable(ids)`: a
+    mask of the ids that may be members (rows that still describe their file, output/ondisk.py),
+    asked once for every id in a pair: a pair with another id is no link, so a stale row never
+    joins two files that are not near each other."""
     ids = cache.live_ids()
     if method == "auto":
         method = "exact" if len(ids) ** 2 * cache.dim <= EXACT_FLOP else "partitioned"
@@ -230,11 +234,23 @@ def find_groups(cache, threshold: float, method: str = "auto", k: int | None = N
     else:
         raise UsageError(f"--method {method}: use auto, exact or partitioned")
     uf = UnionFind(cache.n)
+    if usable is not None:
+        found = _usable_pairs(list(found), usable)
     for a, b in found:
         uf.union(a, b)
         if pairs_out is not None:
             pairs_out.append((a, b))
     return uf.groups(), method
+
+
+def _usable_pairs(pairs: list, usable) -> list:
+    """The pairs both of whose ids `usable` allows (one question for all the ids at once)."""
+    if not pairs:
+        return []
+    ids = np.unique(np.concatenate([np.concatenate([a, b]) for a, b in pairs]))
+    ok = np.zeros(int(ids.max()) + 1, bool)
+    ok[ids[np.asarray(usable(ids), bool)]] = True
+    return [(a[ok[a] & ok[b]], b[ok[a] & ok[b]]) for a, b in pairs]
 
 
 def keep_one(cache, group: np.ndarray, policy: str, rng) -> int:

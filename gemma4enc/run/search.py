@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..output import ondisk
 from ..output.opening import reading
 from ..output.out import Out
 from ..output.npreader import NumpyEmbeddings, key_of
@@ -130,9 +131,9 @@ class Searcher:
                 "results": results, "failed": failed}
 
 
-def query_files(files: list[str], files_from: str | None = None) -> list[str]:
+def query_files(files: list[str], files_from: str | None = None, null: bool = False) -> list[str]:
     """The files to search for: each FILE, a folder's media files (walked as encode walks it), and
-    the lines of --files-from (`-`: stdin), in that order, each once."""
+    the lines of --files-from (`-`: stdin; `null`: NUL-separated), in that order, each once."""
     import sys
 
     from ..media.discover import discover
@@ -140,10 +141,11 @@ def query_files(files: list[str], files_from: str | None = None) -> list[str]:
     listed = list(files or [])
     if files_from is not None:
         try:
-            text = sys.stdin.read() if files_from == "-" else Path(files_from).read_text()
+            raw = sys.stdin.buffer.read() if files_from == "-" else Path(files_from).read_bytes()
         except OSError as e:
             raise UsageError(f"--files-from {files_from}: {e.strerror or e}") from None
-        listed += [line for line in text.splitlines() if line.strip()]
+        text = raw.decode("utf-8", "surrogateescape")
+        listed += [n for n in text.split("\0") if n] if null else [line for line in text.splitlines() if line.strip()]
     found: list[str] = []
     for f in listed:
         if os.path.isdir(f):
@@ -246,8 +248,21 @@ def duplicates(out, threshold: float = 0.98, log=lambda message: None, method: s
             if engine == "ray":
                 log("duplicates: exact comparison runs here; Ray compares partitions (--method partitioned)")
             on_ray = contextlib.nullcontext(None)
+        states: dict[int, str] = {}
+
+        def usable(ids: np.ndarray) -> np.ndarray:  # rows that describe their file now (output/ondisk.py)
+            rows = cache.rows[ids]
+            states.update(ondisk.judge({
+                int(i): ondisk.Seen(cache.path(int(i)), int(r["size"]), int(r["mtime"])) for i, r in zip(ids, rows)
+            }))
+            return np.array([states[int(i)] in (ondisk.LIVE, ondisk.ELSEWHERE) for i in ids], bool)
+
         with on_ray as ray:
-            found, used = dedup.find_groups(cache, threshold, method, partitions, boundary, log, ray=ray)
+            found, used = dedup.find_groups(cache, threshold, method, partitions, boundary, log, ray=ray,
+                                            usable=usable)
+        note = ondisk.stale_note(states.values())
+        if note:
+            log(f"duplicates: {note}")
         rng = np.random.default_rng(0)
         groups = []
         for number, members in enumerate(found):
@@ -255,5 +270,18 @@ def duplicates(out, threshold: float = 0.98, log=lambda message: None, method: s
             groups.append({"group": number, "size": len(members), "keep": cache.path(kept),
                            "drop": [cache.path(i) for i in members.tolist() if i != kept],
                            "members": [cache.path(i) for i in members.tolist()]})
+        def live(path: str) -> bool:
+            return states.get(cache.find(path)) == ondisk.LIVE
+
+        stale = [{"path": cache.path(i), "state": s} for i, s in sorted(states.items())
+                 if s not in (ondisk.LIVE, ondisk.ELSEWHERE)]
+        elsewhere = sum(s == ondisk.ELSEWHERE for s in states.values())
         return {"out": str(out), "index": cache.spec["kind"], "rows": cache.live, "threshold": threshold,
-                "method": used, "keep": keep, "groups": groups}
+                "method": used, "keep": keep, "groups": groups, "stale": stale, "not_checked": elsewhere,
+                "seen": {p: _seen(cache, p) for g in groups for p in g["members"] if live(p)}}
+
+
+def _seen(cache, path: str) -> list[int]:
+    """[size, mtime_ns] a row recorded for `path`: what a drop list or a move checks again."""
+    r = cache.rows[cache.find(path)]
+    return [int(r["size"]), int(r["mtime"])]

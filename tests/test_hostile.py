@@ -1,0 +1,122 @@
+"""Hostile input (issue 44, docs/security.md): an OUT someone hands over, and names chosen by
+whoever can write to a media folder, must never make gemma4enc write, delete or leak outside
+what it owns. Each case plants decoys in the test's own folder, outside OUT, and checks that
+they are byte-identical afterwards, that the command ends in one line (no traceback, never
+exit 70), and that the rest of OUT stays usable."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gemma4enc.commands.cli import app
+
+from .helpers import BASE, RUN, encode, photo
+
+OWN = ["manifest.jsonl", "gemma4enc.lock", "search-index.json", "search-index.vectors",
+       "search-index.paths", "search-index.lock"]
+
+
+@pytest.fixture(scope="module")
+def pics(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile") / "media"
+    root.mkdir()
+    for i, (h, w) in enumerate([(64, 96), (80, 80), (48, 120)]):
+        photo(h, w, seed=i).save(root / f"p{i}.png")
+    photo(64, 96, seed=0).save(root / "copy.png")  # a duplicate of p0, for --duplicates
+    return root
+
+
+@pytest.fixture(scope="module")
+def made(pics, ckpt, tmp_path_factory):
+    """A good OUT of `pics`, copied afresh by each test that makes it hostile."""
+    out = tmp_path_factory.mktemp("made") / "out"
+    assert encode([pics, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    return out
+
+
+def copy_out(made: Path, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(made, dest)
+    return dest
+
+
+def decoy(folder: Path, name: str) -> Path:
+    p = folder / name
+    p.write_bytes(b"# a user's own file: must stay as it is\nexport PATH=$PATH\n")
+    return p
+
+
+def no_crash(result) -> None:
+    assert result.exit_code != 70 and "Traceback" not in result.output, result.output
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_outs_own_files_are_never_written_through_a_link(made, pics, ckpt, tmp_path, name):
+    """A handed-over OUT whose own file links to a user's file: encode (with a new file to add),
+    compact and search --duplicates refuse or go on, but never write the linked file."""
+    out = copy_out(made, tmp_path / "out")
+    target = decoy(tmp_path, "bashrc")
+    before = target.read_bytes()
+    real = out / name
+    if name == "manifest.jsonl":
+        os.rename(real, tmp_path / "real-manifest")
+    else:
+        real.unlink(missing_ok=True)
+    os.symlink(target, real)
+    media = tmp_path / "media"
+    media.mkdir()
+    for p in pics.iterdir():
+        (media / p.name).write_bytes(p.read_bytes())
+    photo(70, 70, seed=9).save(media / "$(touch PWNED).png")
+    results = [
+        encode([media, "-o", out, "--model", ckpt, *BASE]),
+        RUN.invoke(app, ["compact", str(out)]),
+        RUN.invoke(app, ["search", str(out), "--duplicates", "-q", "--json"]),
+    ]
+    for r in results:
+        no_crash(r)
+    assert target.read_bytes() == before, [r.output for r in results]
+    if name in ("manifest.jsonl", "gemma4enc.lock"):  # the runs that need it said why, in one line
+        assert all(r.exit_code == 2 and f"{name} is a symbolic link" in r.output for r in results[:2]), [
+            r.output for r in results]
+
+
+def test_a_fifo_in_out_blocks_nothing(made, ckpt, pics, tmp_path):
+    """A FIFO planted as OUT's lock: the run refuses it at once rather than wait for a writer."""
+    out = copy_out(made, tmp_path / "out")
+    os.mkfifo(out / "gemma4enc.lock")
+    r = encode([pics, "-o", out, "--model", ckpt, *BASE])
+    no_crash(r)
+    assert r.exit_code == 2 and "not a regular file" in r.output, r.output
+
+
+def test_temp_names_cannot_be_planted(made, pics, ckpt, tmp_path):
+    """Links planted under every temp name the next pids would use (.gemma4enc-NAME.PID.tmp, and the
+    write test's) are never written through: the temp names are random."""
+    out = copy_out(made, tmp_path / "out")
+    target = decoy(tmp_path, "precious")
+    before = target.read_bytes()
+    pid = os.getpid()
+    for n in ["write-test", "manifest.jsonl", "settings.json", "shard-000001.safetensors",
+              "search-index.rows.npy", "search-index.json"]:
+        for p in range(pid - 5, pid + 200):
+            os.symlink(target, out / f".gemma4enc-{n}.{p}.tmp")
+    (pics.parent / "new").mkdir(exist_ok=True)
+    media = tmp_path / "media"
+    media.mkdir()
+    photo(72, 90, seed=11).save(media / "new.png")
+    results = [
+        encode([media, "-o", out, "--model", ckpt, *BASE]),
+        RUN.invoke(app, ["compact", str(out), "--prune"]),
+        RUN.invoke(app, ["search", str(out), "--duplicates", "-q", "--json"]),
+    ]
+    for r in results:
+        no_crash(r)
+        assert r.exit_code in (0, 1), r.output
+    assert target.read_bytes() == before
+    assert json.loads(results[0].stdout)["encoded"] == 1
