@@ -6,6 +6,26 @@ from pathlib import Path
 
 
 
+# userinfo in a URL (scheme://user:secret@host): never stored, exported nor printed (docs/security.md)
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]*@")
+
+
+def redact(text: str) -> str:
+    """`text` with the userinfo of every URL in it replaced by ***."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def no_credentials(url: str, what: str) -> None:
+    """Refuse a URL that carries credentials (they would land in OUT's manifest, its exports and
+    every message): one line, exit 2, the secret not echoed."""
+    if _USERINFO.match(url):
+        raise UsageError(
+            f"{what} {redact(url)}: a URL with credentials in it is refused, as they would be stored in "
+            "OUT's manifest and printed; give them another way (~/.netrc for http(s)://, the AWS_* "
+            "variables or a profile for s3://)"
+        )
+
+
 SAVED = "; the files finished before are saved, re-run to resume"  # what an OutputError mid-run adds (output/store.py); said without it where nothing ran
 
 class UsageError(Exception):

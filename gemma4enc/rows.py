@@ -31,6 +31,9 @@ class Status(enum.StrEnum):
     SHARD_LOST = "shard_lost"  # its shard went missing or unreadable: the next run encodes it again
     WORKER_DIED = "worker_died"  # --engine ray: the file killed its actor every time
     ERROR = "error"  # --engine ray: an unexpected exception, its text in `error`
+    # not a failure: the file was found under another path (`moved_to`) and that row took its
+    # tokens (a moved or remounted root, adopted): this path describes no file any more
+    MOVED = "moved"
 
 
 # written only when set, in this order after `height` (video facts) and at the end (sha256)

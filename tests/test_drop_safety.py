@@ -149,3 +149,31 @@ def test_move_skips_a_file_changed_after_grouping(library, ckpt, tmp_path, monke
     assert json.loads(r.stdout)["moves"] == {"moved": 0, "not_moved": 1, "undo": str(tmp_path / "q" / drop.UNDO)}
     assert len(list(library.iterdir())) == 4
     assert not list((tmp_path / "q").rglob("*.png"))
+
+
+def test_encode_and_verify_hold_after_a_move(library, ckpt, tmp_path):
+    """cron's `encode && verify` after a remount: the adopted rows supersede the old paths' (one row
+    per file: verify clean, export once, inspect counts no failure), and a move back adopts again."""
+    out = tmp_path / "out"
+    assert encode([library, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    moved = tmp_path / "renamed"
+    library.rename(moved)
+    again = encode([moved, "-o", out, "--model", ckpt, *BASE])
+    assert again.exit_code == 0 and json.loads(again.stdout)["encoded"] == 0, again.output
+    report = verify(out)
+    assert report["ok"] and not report["warnings"], report
+    import gemma4enc
+
+    emb = gemma4enc.open(out)
+    assert sorted(Path(p).parent for p, _ in emb.ok_rows()) == [moved] * 4
+    inspected = json.loads(RUN.invoke(app, ["inspect", str(out), "--json"]).stdout)
+    assert inspected["by_status"] == {"ok": 4, "moved": 4} and not inspected["failures"], inspected
+    exported = RUN.invoke(app, ["export", str(out), str(tmp_path / "clip"), "--to", "parquet", "--json"])
+    assert exported.exit_code == 0 and json.loads(exported.stdout)["rows"] == 4, exported.output
+    pruned = RUN.invoke(app, ["compact", str(out), "--prune"])
+    assert pruned.exit_code == 0, pruned.output
+    moved.rename(library)  # and back
+    back = encode([library, "-o", out, "--model", ckpt, *BASE])
+    assert back.exit_code == 0 and json.loads(back.stdout)["encoded"] == 0, back.output
+    assert verify(out)["ok"]
+    assert sorted(Path(p).parent for p, _ in gemma4enc.open(out).ok_rows()) == [library] * 4

@@ -120,3 +120,35 @@ def test_temp_names_cannot_be_planted(made, pics, ckpt, tmp_path):
         assert r.exit_code in (0, 1), r.output
     assert target.read_bytes() == before
     assert json.loads(results[0].stdout)["encoded"] == 1
+
+
+SECRET = "hunter2-s3cr3t"
+
+
+def test_credentials_in_urls_are_refused_and_never_echoed(made, ckpt, tmp_path):
+    """userinfo in an input URL, in --files-from, or in OUT's URL: exit 2 in one line, the secret in
+    no output (it would otherwise land in the manifest and the exports people share)."""
+    listed = tmp_path / "list.txt"
+    listed.write_text(f"https://me:{SECRET}@127.0.0.1:9/a.jpg\n")
+    runs = [
+        encode([f"http://me:{SECRET}@127.0.0.1:9/a.jpg", "-o", tmp_path / "o1", "--model", ckpt, *BASE]),
+        encode(["--files-from", listed, "-o", tmp_path / "o2", "--model", ckpt, *BASE]),
+        encode([made.parent, "-o", f"s3://id:{SECRET}@bucket/out", "--model", ckpt, *BASE]),
+    ]
+    for r in runs:
+        no_crash(r)
+        assert r.exit_code == 2 and "credentials" in r.output and "***@" in r.output, r.output
+        assert SECRET not in r.output
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_a_closed_pipe_is_not_a_bug(made, pics):
+    """`gemma4enc search OUT FILE | head -1`: the reader went away; no traceback, no exit 70."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "gemma4enc", "search", str(made), str(pics / "p0.png")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before it writes: its first write meets a pipe nobody reads
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 141 and b"Traceback" not in err and b"internal error" not in err, err

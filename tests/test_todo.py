@@ -107,11 +107,13 @@ def test_a_file_under_a_moved_root_adopts_its_row(media, tmp_path):
     (media / "b.png").write_bytes((media / "b.png").read_bytes() + b"\0")  # changed while it moved
     items = [i for i in discover([str(media)])[0] if os.path.basename(i.path) in ("a.png", "b.png")]
     assert names(still_to_do(items, out, Options())) == ["b.png"]
-    adopted = manifest(out)[2:]
-    assert len(adopted) == 1
-    assert {k: adopted[0][k] for k in ("path", "root", "rel", "shard", "index", "tokens")} == {
+    adopted, superseded = manifest(out)[2:]  # the old path's row superseded: one row per file
+    assert {k: adopted[k] for k in ("path", "root", "rel", "shard", "index", "tokens")} == {
         "path": str(media / "a.png"), "root": str(media), "rel": "a.png", "shard": "shard-000004.safetensors",
         "index": 0, "tokens": 9}
+    assert {k: superseded[k] for k in ("path", "status", "moved_to", "shard", "index", "tokens")} == {
+        "path": str(old / "a.png"), "status": "moved", "moved_to": str(media / "a.png"), "shard": None,
+        "index": None, "tokens": 0}
 
 
 def test_a_split_beside_another_keeps_its_own_rows(tmp_path):

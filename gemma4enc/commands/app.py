@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
-from ..errors import OutputError, TooManyFailures, UsageError
+from ..errors import OutputError, TooManyFailures, UsageError, redact
 from ..options import Options
 
 DEFAULT = Options()  # every default below is read from here: one place for each
@@ -135,7 +135,11 @@ class Command(TyperCommand):
 def ended(e: BaseException, command: str, wants_json: bool) -> int:
     """The last word on an exception that ends a command (one line on stderr, and the JSON object
     with --json); its exit code. Also the way out of search's quick path (quick.py)."""
+    if isinstance(e, BrokenPipeError):  # `search OUT FILE | head -1`: the reader had enough
+        _silence(sys.stdout)
+        return 141  # as a tool that SIGPIPE ends
     code, kind, message = exit_for(e, command)
+    message = redact(message)  # no credentials in any last word (docs/security.md)
     if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
         traceback.print_exc()
     _say(lambda: typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True))

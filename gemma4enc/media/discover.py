@@ -10,7 +10,7 @@ import stat
 import sys
 from typing import Iterable
 
-from ..errors import UsageError
+from ..errors import UsageError, no_credentials
 from ..rows import Status
 from . import remote, webdataset
 from .kinds import DONE, SNIFF_BYTES, Item, Known, ext_kind, kind_of
@@ -191,6 +191,8 @@ def discover_chunks(
     counts["skipped"] = 0
     listed = _listed(files_from, null) if files_from else []
     unlisted: list[tuple[str, str]] = []  # (folder, why it could not be listed), filled as walked
+    for name in [*roots, *listed]:
+        no_credentials(name, "--files-from" if name in listed else "input")
     roots, listed = ranged(roots), ranged(listed)  # (name, its brace pattern or None)
     _no_typos(roots)
     _reach([name for name, _ in [*roots, *listed]])

@@ -7,7 +7,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from ..errors import SAVED, OutputError, UsageError
+from ..errors import SAVED, OutputError, UsageError, no_credentials
 from .names import not_an_output
 from .out import LocalOut, Out
 
@@ -19,6 +19,7 @@ def open_out(where, write: bool = False, overwrite: bool = False) -> Out:
     `locked()`; a store is locked now, read under the lock (cleared first with `overwrite`)."""
     from ..media.remote import is_url
 
+    no_credentials(str(where), "OUT")
     if not is_url(str(where)):
         out = LocalOut(Path(where))
         if write and out.folder.exists() and not out.folder.is_dir():  # /dev/null, a file

@@ -10,7 +10,7 @@ from ..media.discover import look
 from ..media.kinds import DONE, Item
 from ..media.sources import exists
 from ..options import Options
-from ..rows import Status
+from ..rows import VIDEO_KEYS, Status
 from .ledger import Ledger
 from .opening import as_out
 from .out import Out
@@ -40,7 +40,7 @@ class Unchanged:
             return None
         status = self.ledger.status_at(r)
         if (
-            status == LOST
+            status in (LOST, Status.MOVED)
             or (self.options.retry_failed and status != Status.OK)
             or (self.options.hash and status == Status.OK)
         ):
@@ -95,8 +95,10 @@ def still_to_do(
     todo, refreshed = [], []
     for item in items:
         row = ledger.get(item.path)
+        if row is not None and row.status == Status.MOVED:  # moved away, now back (or another file)
+            row = None
         if row is None and (adopted := _adopt(item, ledger, options)):
-            refreshed.append(adopted)
+            refreshed += adopted
         elif (
             row is None
             or row.size != item.size
@@ -130,8 +132,13 @@ def still_to_do(
     return todo
 
 
-def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
-    """The row of `item` under its old root, moved to its new path; None if none is the same file."""
+OK_ONLY = ("frame_tokens", "width", "height", "sha256")  # what a row without tokens does not carry
+
+
+def _adopt(item: Item, ledger: Ledger, options: Options) -> list[dict] | None:
+    """The row of `item` under its old root moved to its new path, and a `moved` row superseding the
+    old path's (one row per file: verify, export and duplicates see the file once); None if none is
+    the same file."""
     if item.error or item.rel is None:
         return None
     found = list(ledger.same_rel(item.rel, item.size))
@@ -152,8 +159,15 @@ def _adopt(item: Item, ledger: Ledger, options: Options) -> dict | None:
         else:  # without a digest, same name, size and mtime say "the same file" only if it left its old path
             same = entry.mtime_ns == item.mtime_ns and _moved_away(path, item.path)
         if same:
+            old = ledger.row(path)
             moved = {"path": item.path, "root": item.root, "rel": item.rel, "mtime_ns": item.mtime_ns}
-            return ledger.row(path) | moved | ({"sha256": digest} if digest else {})
+            gone = {"status": str(Status.MOVED), "error": None, "shard": None, "index": None, "tokens": 0,
+                    "moved_to": item.path}
+            adopted = old | moved | ({"sha256": digest} if digest else {})
+            if path == item.path or exists(path):  # an alias or a copy still there: a file of its own
+                return [adopted]
+            superseded = {k: v for k, v in old.items() if k not in VIDEO_KEYS and k not in OK_ONLY} | gone
+            return [adopted, superseded]
     return None
 
 
