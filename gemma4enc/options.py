@@ -109,6 +109,9 @@ class Sampling:
         return idx
 
 
+WORKERS_PER_CORE = 4  # the most --workers a core may have (a decode that waits on a slow disk or store)
+
+
 @dataclass(frozen=True)
 class Options:
     # checkpoint folder or hub id (resolved through the Hugging Face cache)
@@ -244,6 +247,14 @@ class Options:
             )
 
     def _check_engine(self) -> None:
+        import os
+
+        cap = WORKERS_PER_CORE * (os.cpu_count() or 1)
+        if self.engine == "local" and self.workers is not None and self.workers > cap:
+            raise UsageError(
+                f"--workers {self.workers}: at most {cap} on this machine ({WORKERS_PER_CORE} a core: "
+                "decoding is CPU work; more processes only share the cores)"
+            )
         if self.engine != "ray" and (self.ray_address or self.ray_actors):
             raise UsageError("--ray-address and --ray-actors need --engine ray")
         if self.engine == "ray" and self.devices:

@@ -152,3 +152,97 @@ def test_a_closed_pipe_is_not_a_bug(made, pics):
     p.stdout.close()  # before it writes: its first write meets a pipe nobody reads
     _, err = p.communicate(timeout=300)
     assert p.returncode == 141 and b"Traceback" not in err and b"internal error" not in err, err
+
+
+def test_absurd_workers_are_refused_and_few_files_start_few(pics, ckpt, tmp_path):
+    """--workers 1000000000000 was a fork bomb (4,383 processes for one file)."""
+    r = encode([pics, "-o", tmp_path / "out", "--model", ckpt, *BASE, "--workers", "1000000000000"])
+    no_crash(r)
+    assert r.exit_code == 2 and "--workers 1000000000000: at most" in r.output, r.output
+    from gemma4enc.media import workers
+
+    started = []
+    real = workers._Worker.__init__
+
+    def count(self, *args, **kwargs):
+        started.append(1)
+        real(self, *args, **kwargs)
+
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as m:
+        m.setattr(workers._Worker, "__init__", count)
+        one = tmp_path / "one"
+        one.mkdir()
+        photo(50, 50, seed=3).save(one / "a.png")
+        cap = 4 * (os.cpu_count() or 1)
+        r = encode([one, "-o", tmp_path / "out1", "--model", ckpt, *BASE, "--workers", str(cap)])
+    assert r.exit_code == 0, r.output
+    assert len(started) == 1  # one file, one worker
+
+
+BAD_ROWS = [
+    lambda ok: ok | {"path": "/elsewhere/minus.png", "index": -2},  # counted from the end: another file's
+    lambda ok: ok | {"path": "/elsewhere/far.png", "index": 10**6},
+    lambda ok: ok | {"path": "/elsewhere/up.png", "shard": "../../etc/shard-000000.safetensors"},
+    lambda ok: ok | {"path": "/elsewhere/hash.png", "sha256": "zz"},
+    lambda ok: {"path": "/x"},
+    lambda ok: ok | {"path": "/elsewhere/str.png", "index": "0"},
+]
+
+
+@pytest.mark.parametrize("bad", range(len(BAD_ROWS)))
+def test_a_hostile_manifest_row_is_left_out_never_read(made, tmp_path, bad):
+    """One bad row: no reader hands out tokens for it (never another file's), no command exits 70,
+    the rest of OUT stays usable, and verify --repair gets past it."""
+    import gemma4enc
+
+    out = copy_out(made, tmp_path / "out")
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    hostile = BAD_ROWS[bad](next(r for r in rows if r["status"] == "ok"))
+    with open(out / "manifest.jsonl", "a") as f:
+        f.write(json.dumps(hostile) + "\n")
+    from gemma4enc.errors import UsageError
+
+    for framework in ("pt", "numpy"):
+        emb = gemma4enc.open(out, framework=framework)
+        with pytest.raises((KeyError, UsageError)):  # absent, or refused naming verify --repair
+            emb[hostile["path"]]
+        others = [p for p, _ in emb.ok_rows() if p != hostile["path"]]
+        assert len(others) == 4 and all(len(emb[p]) for p in others)  # the others read as before
+    for args in (["inspect", str(out), "--json"], ["search", str(out), "--duplicates", "--json"],
+                 ["export", str(out), str(tmp_path / "e1"), "--to", "parquet"],
+                 ["export", str(out), str(tmp_path / "e2"), "--to", "vllm"],
+                 ["verify", str(out), "--repair"], ["verify", str(out)]):
+        r = RUN.invoke(app, args)
+        no_crash(r)
+        assert r.exit_code in (0, 1) or (r.exit_code == 2 and "--repair" in r.output), (args, r.output)
+    assert RUN.invoke(app, ["verify", str(out)]).exit_code == 0  # repaired: the rest of OUT whole
+
+
+def test_a_hostile_shard_header_is_one_line(made, tmp_path):
+    """A shard whose header claims 2^63 bytes, or offsets past its end: the numpy reader and search
+    say which shard and how to mend it (exit 2), never a MemoryError or exit 70."""
+    import gemma4enc
+
+    for case in ("huge", "past"):
+        out = copy_out(made, tmp_path / case)
+        shard = sorted(out.glob("shard-*.safetensors"))[0]
+        data = bytearray(shard.read_bytes())
+        if case == "huge":
+            data[:8] = (1 << 63).to_bytes(8, "little")
+        else:
+            n = int.from_bytes(data[:8], "little")
+            header = json.loads(data[8:8 + n])
+            header["tokens"]["data_offsets"] = [0, 10**12]
+            text = json.dumps(header).encode()
+            data = len(text).to_bytes(8, "little") + text + data[8 + n:]
+        shard.write_bytes(bytes(data))
+        emb = gemma4enc.open(out, framework="numpy")
+        path = next(p for p, r in emb.ok_rows() if r["shard"] == shard.name)
+        from gemma4enc.errors import UsageError
+
+        with pytest.raises(UsageError, match="verify OUT --repair"):
+            emb[path]
+        r = RUN.invoke(app, ["search", str(out), "--duplicates", "--json"])
+        no_crash(r)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from array import array
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..rows import Status
 from .files import MANIFEST, own_opener
+from .names import SHARD_RE
 
 
 class Entry(NamedTuple):
@@ -151,7 +153,11 @@ class Ledger:
             self.unreadable += 1
             return
         index, tokens = row.get("index"), row.get("tokens") or 0
-        if not (_fits(tokens, 0, 1 << 32) and (index is None or _fits(index, -(1 << 31), 1 << 31))):
+        if not (
+            _fits(tokens, 0, 1 << 32)
+            and (index is None or _fits(index, -(1 << 31), 1 << 31))
+            and _schema_ok(row)
+        ):
             self.unreadable += 1  # not a row we wrote; the file is encoded again
             return
         c, code = self._col, self._code
@@ -386,6 +392,26 @@ class Ledger:
         import numpy as np
 
         return np.sort(np.array(self._col["offset"], dtype=np.int64)[self._index()[1]])
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def _schema_ok(row: dict) -> bool:
+    """A row every reader can act on (docs/format.md): its status and kind are names, a sha256 is
+    64 hex digits, and an ok row names a shard of OUT's own (no `../`, no absolute path) and an
+    index at or above 0 (a reader checks it against the shard's length). A row that is not is
+    left out, as a torn line is: one row from a hostile or broken manifest never hands a reader
+    another file's tokens, nor stops every command (docs/security.md)."""
+    status, kind, digest = row.get("status"), row.get("kind", ""), row.get("sha256")
+    if not isinstance(status, str) or not isinstance(kind, str):
+        return False
+    if digest is not None and not (isinstance(digest, str) and _HEX64.match(digest)):
+        return False
+    if status == "ok":
+        index, shard = row.get("index"), row.get("shard")
+        return type(index) is int and index >= 0 and isinstance(shard, str) and SHARD_RE.match(shard) is not None
+    return True
 
 
 def _path_in(col: dict, names: bytearray, strings: list, r: int) -> str:

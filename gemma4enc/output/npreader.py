@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UsageError
 from ..media.remote import is_url
 from ..rows import Row, Status
 from .names import MANIFEST, not_an_output
@@ -23,6 +24,7 @@ from .ledger import Ledger
 from .opening import as_out
 from .out import Out
 
+HEADER_MAX = 100 << 20  # safetensors' own bound on a header
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
 
 
@@ -36,19 +38,50 @@ class Shard:
     def __init__(self, path: Path):
         self.path = path
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             n = int.from_bytes(f.read(8), "little")
-            self.header = json.loads(f.read(n))
-        self.base = 8 + n
+            if not 2 <= n <= min(HEADER_MAX, size - 8):  # read with a bound: never "192 TiB"
+                raise self.bad(f"a header of {n} bytes in a file of {size}")
+            try:
+                self.header = json.loads(f.read(n))
+            except ValueError:
+                raise self.bad("a header that is not JSON") from None
+        self.base, self.size = 8 + n, size
+        if not isinstance(self.header, dict):
+            raise self.bad("a header that is not a JSON object")
+
+    def bad(self, why: str) -> UsageError:
+        """A shard a reader cannot trust: one line naming it and the fix (never exit 70)."""
+        return UsageError(f"{self.path}: {why}; `gemma4enc verify OUT --repair` finds and mends it")
 
     def __contains__(self, name: str) -> bool:
         return name in self.header
 
+    def length(self, name: str) -> int:
+        """Rows of tensor `name` (its shape's first number), checked."""
+        return self._info(name)[2][0]
+
+    def _info(self, name: str):
+        """(its dtype, its first byte, its shape) of tensor `name`, every claim checked against the file."""
+        info = self.header.get(name)
+        try:
+            dtype, shape = np.dtype(DTYPES[info["dtype"]]), [int(d) for d in info["shape"]]
+            start, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise self.bad(f"tensor {name!r} is missing or has a dtype, shape or offsets this reader cannot read") from None
+        if not shape or min(shape) < 0 or not 0 <= start <= end <= self.size - self.base \
+                or end - start != prod(shape) * dtype.itemsize:
+            raise self.bad(f"tensor {name!r} claims a shape {shape} or offsets [{start}, {end}] the file does not hold")
+        return dtype, start, shape
+
     def rows(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """tensor[lo:hi] as a numpy array (floats as float32)."""
+        """tensor[lo:hi] as a numpy array (floats as float32); rows outside it are refused."""
         info = self.header[name]
-        dtype, shape = np.dtype(DTYPES[info["dtype"]]), info["shape"]
+        dtype, start, shape = self._info(name)
+        if not 0 <= lo <= hi <= shape[0]:
+            raise self.bad(f"rows [{lo}, {hi}) of {name!r} asked, which has {shape[0]}: a row's index is wrong")
         per_row = prod(shape[1:])
-        offset = self.base + info["data_offsets"][0] + lo * per_row * dtype.itemsize
+        offset = self.base + start + lo * per_row * dtype.itemsize
         data = np.fromfile(self.path, dtype, (hi - lo) * per_row, offset=offset).reshape(
             hi - lo, *shape[1:]
         )

@@ -25,7 +25,7 @@ class Embeddings(Rows):
         with safe_open(str(self.out.shard_path(row["shard"])), framework="pt") as f:
             if "tokens" not in f.keys():
                 raise KeyError(no_tokens(path, self.out))
-            lo, hi = f.get_slice("item_offsets")[row["index"] : row["index"] + 2].tolist()
+            lo, hi = f.get_slice("item_offsets")[_index(row, f) : row["index"] + 2].tolist()
             return f.get_slice("tokens")[lo:hi]
 
     def frames(self, path) -> list[torch.Tensor]:
@@ -33,7 +33,7 @@ class Embeddings(Rows):
         row = self.row(path)
         tokens = self[path]
         with safe_open(str(self.out.shard_path(row["shard"])), framework="pt") as f:
-            a, b = f.get_slice("item_frames")[row["index"] : row["index"] + 2].tolist()
+            a, b = f.get_slice("item_frames")[_index(row, f) : row["index"] + 2].tolist()
             offsets = f.get_slice("frame_offsets")[a : b + 1]
         return list(torch.split(tokens, (offsets[1:] - offsets[:-1]).tolist()))
 
@@ -44,7 +44,7 @@ class Embeddings(Rows):
                 raise KeyError(
                     f"{path}: {row['shard']} holds no pooled tokens (encoded with --no-pooled)"
                 )
-            return f.get_slice("pooled")[row["index"] : row["index"] + 1][0]
+            return f.get_slice("pooled")[_index(row, f) : row["index"] + 1][0]
 
     def mm_encoder_outputs(self, paths, device=None, dtype=None, model=None):
         """What Gemma 4's `generate` takes in place of pixels, and what its prompt needs (gemma.py)."""
@@ -64,3 +64,15 @@ def no_tokens(path, out) -> str:
         f"{path}: {out} was encoded with --store pooled: it keeps the pooled vectors (pooled, "
         "pooled_matrix), not the tokens"
     )
+
+
+def _index(row: dict, f) -> int:
+    """The row's index, checked against its shard (0 <= index < items): a wrong one is refused in
+    one line, never read as another file's tokens (a negative index would count from the end)."""
+    i, items = row["index"], f.get_slice("item_offsets").get_shape()[0] - 1
+    if not (type(i) is int and 0 <= i < items):
+        from ..errors import UsageError
+
+        raise UsageError(f"{row['path']}: its row's index {i} is not one of the {items} items of {row['shard']}; "
+                         "`gemma4enc verify OUT --repair` finds and mends it")
+    return i

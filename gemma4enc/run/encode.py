@@ -278,7 +278,8 @@ def early_pool(items: list[Item], options: Options, rerun: bool):
         return None
     from ..media.workers import DecodePool
 
-    return DecodePool(options, options.workers, options.decode_timeout).start(head=items)
+    workers = None if options.workers is None else min(options.workers, len(items))  # no idle process per file
+    return DecodePool(options, workers, options.decode_timeout).start(head=items)
 
 
 def _engine(name: str):

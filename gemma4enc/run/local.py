@@ -18,7 +18,9 @@ def encode(todo: list[Item], run: Run) -> Summary:
     """Encode `todo` with one tower per device; rows land in OUT's manifest as shards are written."""
     options = run.options
     # they start while the model loads (or earlier, while torch imports: see run.early_pool)
-    pool = run.pool or DecodePool(options, options.workers, options.decode_timeout).start()
+    workers = options.workers if options.workers is None or not isinstance(todo, list) else min(
+        options.workers, max(1, len(todo)))  # a process per file at most (a streamed todo: as asked)
+    pool = run.pool or DecodePool(options, workers, options.decode_timeout).start()
     try:
         return _encode_with(pool, todo, run)
     finally:

@@ -213,5 +213,8 @@ class OutCache:
             n = header["item_offsets"]["shape"][0]
             self._offsets[shard] = self._tensor_rows(shard, "item_offsets", 0, n).numpy()
         offsets = self._offsets[shard]
-        lo, hi = int(offsets[row["index"]]), int(offsets[row["index"] + 1])
+        i = row["index"]
+        if not (type(i) is int and 0 <= i < len(offsets) - 1):  # never another file's tokens
+            raise KeyError(f"{key}: its row's index {i} is not one of the {len(offsets) - 1} items of {shard}")
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
         return self._tensor_rows(shard, "tokens", lo, hi)
