@@ -145,11 +145,19 @@ def _pyav_frames(
     skip_mode = "NONKEY" if keys_only else "NONREF"
     got: dict[int, np.ndarray] = {}
     frames, position = None, None  # the decoding run in progress and the pts it reached
+    # Seeks only ever go forward: each starts at a keyframe later than the last one's, so there are
+    # at most as many decoding runs as keyframes, whatever the decoder gives back. A keyframe that
+    # outputs frames before itself (an open GOP's leading pictures, or a first keyframe flagged
+    # after frame 0) once sent this loop back to the same keyframe without end (issue 46).
+    seeked = None  # the keyframe the run in progress started at
+
+    def onward(key: int) -> bool:  # a seek to `key` would go forward, past where decoding stands
+        return not sequential and key > position and (seeked is None or key > seeked)
+
     while pending:
         key = _keyframe_before(keyframes, pending[0])
-        if frames is None or (
-            not sequential and key > position
-        ):  # next target lies past the next keyframe
+        if frames is None or onward(key):  # next target lies past the next keyframe
+            seeked = key
             packets = (
                 None
                 if sequential or key not in index.rank
@@ -165,7 +173,7 @@ def _pyav_frames(
                 size.append(rgb.shape[:2])
                 got[index_of[position]] = transform(rgb)  # one full-size frame in memory at a time
                 pending.popleft()
-            if not pending or (not sequential and _keyframe_before(keyframes, pending[0]) > position):
+            if not pending or onward(_keyframe_before(keyframes, pending[0])):
                 break
         else:
             break  # end of stream: the rest cannot be found
