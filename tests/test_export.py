@@ -193,7 +193,8 @@ def test_refusals_and_overwrite(folder, tmp_path):
     _, _, out = folder
     dest = tmp_path / "x"
     export(out, dest, "--dtype", "bfloat16", code=2)
-    export(out, dest, "--to", "lance", code=2)
+    unknown = export(out, dest, "--to", "orc", code=2)
+    assert "clip, parquet, webdataset, lance, vllm" in unknown.output  # every format named
     export(tmp_path / "nothing", dest, code=2)
     export(out, dest)
     result = export(out, dest, code=2)
@@ -344,3 +345,73 @@ def test_every_format_carries_the_sidecars_img2dataset_wrote(ckpt, tmp_path):
         meta = sample["json"]
         check(meta["path"], meta["caption"], meta["url"], meta["sidecar"])
         assert sample.get("txt") == want[meta["path"]][0]  # absent where there is no caption
+
+
+def test_lance_through_pylance_and_lancedb(ckpt, tmp_path):
+    """--to lance, read back by pylance and LanceDB: one row per latest ok file (photos, a clip, a
+    captioned WebDataset member), tokens and vectors equal to gemma4enc.open's in the export dtype,
+    the settings in the schema's metadata; a vector search in LanceDB finds a near copy; a second
+    export appends only what OUT gained (a new Lance version) and deletes what OUT no longer holds."""
+    import io
+    import tarfile
+
+    import lance
+    import lancedb
+
+    from gemma4enc.dev.demo import write_video
+
+    from .helpers import BASE, encode, photo
+
+    media = tmp_path / "media"
+    media.mkdir()
+    for i, (h, w) in enumerate([(64, 96), (80, 80), (48, 120)]):
+        photo(h, w, seed=i).save(media / f"p{i}.png")
+    (media / "copy.png").write_bytes((media / "p0.png").read_bytes())
+    write_video(media / "clip.mp4", frames=8)
+    tar = tmp_path / "shard-00000.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(media / "p1.png", arcname="000000.png")
+        data = b"a red fox"
+        info = tarfile.TarInfo("000000.txt")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    args = [media, tar, "-o", out, "--model", ckpt, *BASE, "--workers", "0"]
+    assert encode(args).exit_code == 0
+    dest = tmp_path / "table.lance"
+    report = json.loads(export(out, dest, "--to", "lance", "--dtype", "float32", "--json").stdout)
+    assert report["rows"] == 6 and report["added"] == 6 and report["deleted"] == 0
+    ref = reference(out)
+    table = lance.dataset(str(dest)).to_table()
+    assert sorted(table.column("path").to_pylist()) == sorted(ref)
+    for r in table.to_pylist():
+        pooled, tokens, row = ref[r["path"]]
+        assert np.array_equal(np.array(r["soft_tokens"], np.float32), tokens), r["path"]  # float32: exact
+        assert np.array_equal(np.array(r["vector"], np.float32), pooled), r["path"]
+        assert (r["kind"], r["size"], r["mtime_ns"], r["frames"]) == (
+            row["kind"], row["size"], row["mtime_ns"], row["frames"])
+    caption = {r["path"]: r["caption"] for r in table.to_pylist()}
+    assert caption[f"{tar}/000000.png"] == "a red fox" and caption[str(media / "p0.png")] is None
+    settings = json.loads(lance.dataset(str(dest)).schema.metadata[b"gemma4enc"])
+    assert settings["format"] == "lance" and settings["settings"]["model"] and settings["dtype"] == "float32"
+
+    found = lancedb.connect(str(tmp_path)).open_table("table")
+    assert found.count_rows() == 6
+    copy, original = str(media / "copy.png"), str(media / "p0.png")
+    near = found.search(ref[copy][0], vector_column_name="vector").metric("cosine").limit(2).to_list()
+    assert {n["path"] for n in near} == {copy, original}  # the byte copy and its original, first
+
+    again = json.loads(export(out, dest, "--to", "lance", "--dtype", "float32", "--json").stdout)
+    assert again["added"] == 0 and again["deleted"] == 0 and again["rows"] == 6
+    photo(100, 140, seed=33).save(media / "new.png")  # OUT gains a file
+    (media / "p2.png").unlink()  # and one is pruned from it
+    assert encode(args).exit_code == 0
+    assert RUN.invoke(app, ["compact", str(out), "--prune"]).exit_code == 0
+    third = json.loads(export(out, dest, "--to", "lance", "--dtype", "float32", "--json").stdout)
+    assert third["added"] == 1 and third["deleted"] == 1 and third["version"] > again["version"], third
+    paths = lance.dataset(str(dest)).to_table(columns=["path"]).column("path").to_pylist()
+    assert sorted(paths) == sorted(gemma4enc.open(out)) and len(paths) == 6
+    refused = export(out, dest, "--to", "lance", "--dtype", "float16", code=2)
+    assert "other settings (dtype" in refused.output
+    over = json.loads(export(out, dest, "--to", "lance", "--overwrite", "--json").stdout)
+    assert over["rows"] == 6 and over["dtype"] == "float16"

@@ -132,7 +132,7 @@ def export(
         str,
         typer.Option(
             "--to",
-            help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB), webdataset (tar shards of KEY.npy + KEY.json) or vllm (KEY/encoder_cache.safetensors + index.jsonl: vLLM's encoder cache).",
+            help="clip (img_emb/*.npy + metadata/*.parquet, pooled vectors: embedding-reader, autofaiss), parquet (one row per file with its tokens: datasets, pyarrow, DuckDB), webdataset (tar shards of KEY.npy + KEY.json), lance (a Lance table: LanceDB, the Hub; a later export appends what is new) or vllm (KEY/encoder_cache.safetensors + index.jsonl: vLLM's encoder cache).",
         ),
     ] = "clip",
     dtype: Annotated[
@@ -214,6 +214,12 @@ def export(
         )
     if json_out:
         typer.echo(json.dumps(report, indent=2))
+    elif to == "lance":
+        typer.echo(
+            f"{report['dir']}: {report['rows']:,} rows (version {report['version']}: {report['added']:,} added, "
+            f"{report['deleted']:,} deleted), lance, {dtype}{', normalised' if report['normalized'] else ''}"
+            f"{', per frame' if per_frame else ''}"
+        )
     else:
         typer.echo(
             f"{report['dir']}: {report['rows']:,} rows in {len(report['files'])} file(s), {to}, {dtype}"

@@ -8,6 +8,8 @@
               Array2D((None, D)) stores it, `pooled` as a fixed-size list; datasets, pyarrow, DuckDB
   webdataset  NNNNNN.tar: KEY.npy (tokens), KEY.pooled.npy, KEY.json (the row) per sample; the key is
               a row number (WebDataset's key ends at the first dot of a name, so it has none)
+  lance       a Lance table (LanceDB's): the metadata, `vector` (pooled) and `soft_tokens`; a second
+              export goes on from the first as a new version (tolance.py)
 
 Rows are vectors.records(): the latest ok row of each file, shard after shard. Files are written
 one at a time under temporary names and renamed when whole; a file is closed at --rows-per-file
@@ -31,7 +33,7 @@ from .files import atomic_write
 from .formats import WRITERS, row_meta
 from .vectors import hidden_size, placed, records
 
-FORMATS = ("clip", "parquet", "webdataset")
+FORMATS = ("clip", "parquet", "webdataset", "lance", "vllm")  # vllm: serving/export.py, by the command
 DTYPES = ("float16", "float32")  # what Arrow, Parquet and numpy hold (no bfloat16); np.dtype(name)
 INFO = "export.json"
 # what an export writes, and only that (--overwrite removes these)
@@ -56,7 +58,7 @@ def export(
     """Write OUT's latest ok rows to DEST in format `to`; returns the summary --json prints."""
     from .npreader import NumpyEmbeddings
 
-    if to not in FORMATS:
+    if to not in FORMATS or to == "vllm":
         raise UsageError(f"--to {to!r}: use one of {', '.join(FORMATS)}")
     if dtype not in DTYPES:
         raise UsageError(
@@ -73,8 +75,9 @@ def export(
         emb = NumpyEmbeddings(out)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
-    dest = Path(dest)
-    _clear(dest, overwrite)
+    if to != "lance":
+        dest = Path(dest)
+        _clear(dest, overwrite)
     start = time.perf_counter()
     shards = placed(emb)
     normalize = to == "clip" if normalize is None else normalize
@@ -88,6 +91,10 @@ def export(
         "hidden_size": hidden_size(emb, shards),
         "settings": emb.out.settings() or {},
     }
+    if to == "lance":  # a versioned table Lance writes itself (a folder or a URL): tolance.py
+        from .tolance import export_lance
+
+        return info | {"dir": str(dest)} | export_lance(emb, str(dest), info, shards, overwrite)
     writer = WRITERS[to](dest, info, pa, rows_per_file or (1 << 62), file_bytes)
     rows = 0
     try:
@@ -122,7 +129,7 @@ def export_to(out, to: str, dest: str, *args, overwrite: bool = False) -> dict:
     from ..media.remote import is_url
     from .store import SAVED, Store
 
-    if not is_url(str(dest)):
+    if not is_url(str(dest)) or to == "lance":  # Lance writes to a store itself
         return export(out, to, dest, *args, overwrite)
     store = Store(str(dest))
     try:

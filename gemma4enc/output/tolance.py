@@ -1,0 +1,178 @@
+"""`export --to lance`: OUT as a Lance table, what LanceDB opens and the Hugging Face Hub reads.
+
+One row per file (or per sampled frame with --per-frame):
+  the metadata columns every export carries (formats.META: path, rel, kind, frames, tokens, width,
+  height, size, mtime_ns, sha256, caption, url, sidecar; with --per-frame also frame, frame_index,
+  timestamp);
+  vector       fixed_size_list<float16|float32>[D]: the pooled vector (LanceDB's default vector
+               column, so `table.search(v)` needs no column name);
+  soft_tokens  list<fixed_size_list<…>[D]>: the file's (n, D) soft tokens, one list item a token.
+The run's settings and the export's own (dtype, normalised, per frame, width) are the schema's
+metadata under `gemma4enc`.
+
+An export into a table an earlier export made goes on from it as a new Lance version instead of
+rewriting it: rows of files OUT no longer holds as they were (changed, gone, pruned) are deleted,
+and OUT's rows the table lacks are appended; a table made with other settings is refused (use
+--overwrite). A row is "the same" when its path, size, mtime_ns (and frame) are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from ..errors import UsageError
+from .formats import _cast, _columns, row_meta
+from .vectors import records
+
+BATCH_ROWS = 1024  # rows handed to Lance at once (memory: their tokens)
+KEY = ("path", "size", "mtime_ns")  # what makes a row the same file as exported before
+SAME = ("format", "dtype", "normalized", "per_frame", "hidden_size", "settings")  # what an append must share
+
+
+def export_lance(emb, dest: str, info: dict, shards, overwrite: bool) -> dict:
+    """Write (or bring up to date) the Lance table at DEST; returns rows, added, deleted, version."""
+    try:
+        import lance
+        import pyarrow as pa
+    except ImportError:
+        raise UsageError("--to lance needs pylance: pip install 'gemma4enc[lance]'") from None
+    start = time.perf_counter()
+    schema = _schema(pa, info)
+    before = None if overwrite else _existing(lance, dest)
+    if before is not None:
+        _same_settings(before, info, dest)
+    key = KEY + (("frame",) if info["per_frame"] else ())
+    have = set() if before is None else _keys(before, key)
+    now: set[tuple] = set()
+
+    def batches():
+        rows = []
+        for rec in records(emb, info["per_frame"], tokens=True, shards=shards):
+            if info["normalized"]:
+                norm = float(np.linalg.norm(rec.pooled))
+                rec.pooled = rec.pooled / norm if norm > 0 else rec.pooled
+            meta = row_meta(rec, info["per_frame"])
+            k = tuple(meta[c] for c in key)
+            now.add(k)
+            if k in have:
+                continue  # in the table already, as it is
+            rows.append((meta, rec))
+            if len(rows) >= BATCH_ROWS:
+                yield _batch(pa, schema, info, rows)
+                rows = []
+        if rows:
+            yield _batch(pa, schema, info, rows)
+
+    mode = "overwrite" if overwrite else "create" if before is None else "append"
+    counted = {"rows": 0}
+
+    def counting():
+        for b in batches():
+            counted["rows"] += b.num_rows
+            yield b
+
+    stream = counting()
+    first = next(stream, None)
+    if first is not None or before is None:
+        try:
+            lance.write_dataset(pa.RecordBatchReader.from_batches(schema, _chain(first, stream)), dest,
+                                schema=schema, mode=mode)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"cannot write the Lance table {dest}: {str(e).splitlines()[0]}") from None
+    else:
+        for _ in stream:  # nothing new: still read OUT through, to know what is gone
+            pass
+    added = counted["rows"]
+    deleted = 0
+    table = lance.dataset(dest)
+    gone = have - now
+    if gone:  # after the append: a failure in between leaves a row twice, never none
+        deleted = _delete(table, key, gone)
+        table = lance.dataset(dest)
+    return {"rows": table.count_rows(), "added": added, "deleted": deleted, "version": table.version,
+            "files": [], "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _schema(pa, info: dict):
+    value = pa.float16() if info["dtype"] == "float16" else pa.float32()
+    dim = info["hidden_size"]
+    fields = [(name, getattr(pa, kind)()) for name, kind in _columns(info["per_frame"]).items()]
+    fields += [("vector", pa.list_(value, dim)), ("soft_tokens", pa.list_(pa.list_(value, dim)))]
+    return pa.schema(fields, metadata={"gemma4enc": json.dumps(info)})
+
+
+def _batch(pa, schema, info: dict, rows: list):
+    dim, dtype = info["hidden_size"], info["dtype"]
+    metas = [m for m, _ in rows]
+    columns = [pa.array([_text(m[f.name]) for m in metas], type=f.type) for f in schema if f.name not in ("vector", "soft_tokens")]
+    pooled = _cast(np.stack([r.pooled for _, r in rows]), dtype)
+    vector = pa.FixedSizeListArray.from_arrays(pa.array(pooled.ravel()), dim)
+    tokens = [_cast(r.tokens, dtype) for _, r in rows]
+    flat = np.concatenate(tokens) if tokens else np.zeros((0, dim), dtype)
+    inner = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), dim)
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int32)
+    soft = pa.ListArray.from_arrays(pa.array(offsets), inner)
+    return pa.RecordBatch.from_arrays([*columns, vector, soft], schema=schema)
+
+
+def _text(value):
+    """A name that is not UTF-8 (lone surrogates from the file system) written losslessly, as the
+    manifest writes it: \\udcXX escapes (docs/format.md)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def _chain(first, rest):
+    if first is not None:
+        yield first
+    yield from rest
+
+
+def _existing(lance, dest: str):
+    """The Lance table at DEST, or None where there is none yet."""
+    try:
+        return lance.dataset(dest)
+    except (ValueError, OSError, FileNotFoundError):
+        return None
+
+
+def _same_settings(table, info: dict, dest: str) -> None:
+    raw = (table.schema.metadata or {}).get(b"gemma4enc")
+    theirs = json.loads(raw) if raw else {}
+    differ = [k for k in SAME if theirs.get(k) != info.get(k)]
+    if differ:
+        raise UsageError(
+            f"{dest} holds a table exported with other settings ({', '.join(differ)}); "
+            "--overwrite replaces it, or give another DEST"
+        )
+
+
+def _keys(table, key: tuple) -> set[tuple]:
+    got = table.to_table(columns=list(key))
+    columns = [got.column(c).to_pylist() for c in key]
+    return set(zip(*columns))
+
+
+def _delete(table, key: tuple, gone: set[tuple]) -> int:
+    """Rows whose key is in `gone` deleted, a few hundred a predicate (SQL string literals escaped)."""
+    clauses = []
+    for k in gone:
+        parts = []
+        for name, value in zip(key, k):
+            if value is None:
+                parts.append(f"{name} IS NULL")
+            elif isinstance(value, str):
+                parts.append(f"{name} = '" + value.replace("'", "''") + "'")
+            else:
+                parts.append(f"{name} = {int(value)}")
+        clauses.append("(" + " AND ".join(parts) + ")")
+    for lo in range(0, len(clauses), 256):
+        table.delete(" OR ".join(clauses[lo:lo + 256]))
+    return len(gone)
