@@ -177,3 +177,19 @@ def test_encode_and_verify_hold_after_a_move(library, ckpt, tmp_path):
     assert back.exit_code == 0 and json.loads(back.stdout)["encoded"] == 0, back.output
     assert verify(out)["ok"]
     assert sorted(Path(p).parent for p, _ in gemma4enc.open(out).ok_rows()) == [library] * 4
+
+
+def test_groups_files_refuse_what_they_cannot_write(library, ckpt, tmp_path):
+    out = tmp_path / "out"
+    assert encode([library, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    for target, why in ((tmp_path / "nodir" / "g.jsonl", "No such file"), (tmp_path / "g.csv", ".jsonl or a .parquet"),
+                        (Path("/dev/full"), "--groups /dev/full")):
+        r = RUN.invoke(app, ["search", str(out), "--duplicates", "-q", "--groups", str(target)])
+        assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
+    r = RUN.invoke(app, ["search", str(out), "--duplicates", "-q", "--drop-list", str(tmp_path / "nodir" / "d.txt")])
+    assert r.exit_code == 2 and "no folder" in r.output, r.output
+    import pyarrow.parquet as pq
+
+    assert RUN.invoke(app, ["search", str(out), "--duplicates", "-q", "--groups", str(tmp_path / "g.parquet")]).exit_code == 0
+    groups = pq.read_table(tmp_path / "g.parquet").to_pylist()
+    assert len(groups) == 1 and sorted(groups[0]["members"]) == sorted(str(library / n) for n in ("copy.png", "p0.png"))

@@ -6,7 +6,8 @@ One row per file (or per sampled frame with --per-frame):
   timestamp);
   vector       fixed_size_list<float16|float32>[D]: the pooled vector (LanceDB's default vector
                column, so `table.search(v)` needs no column name);
-  soft_tokens  list<fixed_size_list<…>[D]>: the file's (n, D) soft tokens, one list item a token.
+  soft_tokens  list<fixed_size_list<…>[D]>: the file's (n, D) soft tokens, one list item a token
+               (not for an OUT encoded with --store pooled, which keeps none).
 The run's settings and the export's own (dtype, normalised, per frame, width) are the schema's
 metadata under `gemma4enc`.
 
@@ -50,7 +51,7 @@ def export_lance(emb, dest: str, info: dict, shards, overwrite: bool) -> dict:
 
     def batches():
         rows = []
-        for rec in records(emb, info["per_frame"], tokens=True, shards=shards):
+        for rec in records(emb, info["per_frame"], tokens=_tokens(info), shards=shards):
             if info["normalized"]:
                 norm = float(np.linalg.norm(rec.pooled))
                 rec.pooled = rec.pooled / norm if norm > 0 else rec.pooled
@@ -100,8 +101,15 @@ def _schema(pa, info: dict):
     value = pa.float16() if info["dtype"] == "float16" else pa.float32()
     dim = info["hidden_size"]
     fields = [(name, getattr(pa, kind)()) for name, kind in _columns(info["per_frame"]).items()]
-    fields += [("vector", pa.list_(value, dim)), ("soft_tokens", pa.list_(pa.list_(value, dim)))]
+    fields += [("vector", pa.list_(value, dim))]
+    if _tokens(info):
+        fields += [("soft_tokens", pa.list_(pa.list_(value, dim)))]
     return pa.schema(fields, metadata={"gemma4enc": json.dumps(info)})
+
+
+def _tokens(info: dict) -> bool:
+    """Whether OUT keeps tokens (an OUT encoded with --store pooled keeps only the vectors)."""
+    return (info.get("settings") or {}).get("store") != "pooled"
 
 
 def _batch(pa, schema, info: dict, rows: list):
@@ -110,6 +118,8 @@ def _batch(pa, schema, info: dict, rows: list):
     columns = [pa.array([_text(m[f.name]) for m in metas], type=f.type) for f in schema if f.name not in ("vector", "soft_tokens")]
     pooled = _cast(np.stack([r.pooled for _, r in rows]), dtype)
     vector = pa.FixedSizeListArray.from_arrays(pa.array(pooled.ravel()), dim)
+    if not _tokens(info):
+        return pa.RecordBatch.from_arrays([*columns, vector], schema=schema)
     tokens = [_cast(r.tokens, dtype) for _, r in rows]
     flat = np.concatenate(tokens) if tokens else np.zeros((0, dim), dtype)
     inner = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), dim)

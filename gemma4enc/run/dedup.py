@@ -272,8 +272,18 @@ def keep_one(cache, group: np.ndarray, policy: str, rng) -> int:
 
 
 def write_groups(path: Path, groups: list[dict]) -> None:
-    """Groups as JSONL (one group a line) or Parquet (by the name's suffix)."""
+    """Groups as JSONL (one group a line) or Parquet (by the name's suffix); another suffix, or a
+    place that cannot be written, is one line (exit 2)."""
     path = Path(path)
+    if path.suffix not in (".parquet", ".jsonl", ".json", "") and str(path) != "/dev/stdout":
+        raise UsageError(f"--groups {path}: name a .jsonl or a .parquet file (not {path.suffix})")
+    try:
+        _write_groups(path, groups)
+    except OSError as e:
+        raise UsageError(f"--groups {path}: {e.strerror or e}") from None
+
+
+def _write_groups(path: Path, groups: list[dict]) -> None:
     if path.suffix == ".parquet":
         try:
             import pyarrow as pa
@@ -282,7 +292,8 @@ def write_groups(path: Path, groups: list[dict]) -> None:
             raise UsageError(f"{path}: Parquet needs pyarrow (pip install 'gemma4enc[export]'); "
                              "or name a .jsonl file") from None
         table = pa.table({"group": [g["group"] for g in groups], "keep": [g["keep"] for g in groups],
-                          "drop": [g["drop"] for g in groups], "size": [g["size"] for g in groups]})
+                          "drop": [g["drop"] for g in groups], "size": [g["size"] for g in groups],
+                          "members": [g["members"] for g in groups]})
         pq.write_table(table, path)
         return
     with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
