@@ -363,6 +363,22 @@ DECORD_CHUNK = 4  # frames fetched per get_batch call: memory holds a few full-s
 DECORD_INEXACT = {"hevc", "h265"}
 
 
+def _refuse_encrypted(path) -> None:
+    """A CENC-encrypted MP4 track decodes to flat grey without its key: refused with a row instead."""
+    from . import isobmff
+
+    try:
+        if isinstance(path, str):
+            with open(path, "rb") as f:
+                found = isobmff.encrypted(f)
+        else:
+            found = isobmff.encrypted(path)
+    except OSError:
+        return  # unreadable: decoding says why
+    if found:
+        raise DecodeError(Status.UNSUPPORTED, "encrypted (Common Encryption): it cannot be decoded without its key")
+
+
 def decode_video(
     path: str,
     sampling: Sampling,
@@ -380,6 +396,7 @@ def decode_video(
     snapped to the nearest keyframe; "nearest[:SECONDS]": only where one lies within the bound;
     `indices` says which frames were taken.
     """
+    _refuse_encrypted(path)
     codec = guard(_probe, path, max_pixels)
     if not isinstance(
         path, str
