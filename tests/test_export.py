@@ -207,8 +207,8 @@ def test_refusals_and_overwrite(folder, tmp_path):
 
 def test_float16_overflow_is_refused():
     with pytest.raises(UsageError, match="--dtype float32"):
-        formats._cast(np.array([1e5], np.float32), "float16")
-    assert formats._cast(np.array([1e5], np.float32), "float32")[0] == 1e5
+        formats.cast(np.array([1e5], np.float32), "float16")
+    assert formats.cast(np.array([1e5], np.float32), "float32")[0] == 1e5
 
 
 def test_store_pooled_keeps_the_vectors_without_the_tokens(folder, ckpt):

@@ -85,11 +85,11 @@ def _sidecar_meta(sidecar) -> dict:
     }
 
 
-def _columns(per_frame: bool) -> dict[str, str]:
+def columns_of(per_frame: bool) -> dict[str, str]:
     return META | (PER_FRAME if per_frame else {})
 
 
-def _cast(values: np.ndarray, dtype: str) -> np.ndarray:
+def cast(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 → the export dtype; a value past float16's range is refused, not written as inf."""
     with np.errstate(over="ignore"):  # said below, in words
         cast = values.astype(np.dtype(dtype), copy=False)
@@ -105,7 +105,7 @@ class Writer:
         self.dest, self.info, self.pa = dest, info, pa
         self.rows_per_file, self.file_bytes = rows_per_file, file_bytes
         self.dtype, self.dim = info["dtype"], info["hidden_size"]
-        self.columns = _columns(info["per_frame"])
+        self.columns = columns_of(info["per_frame"])
         self.schema_meta = {b"gemma4enc": json.dumps(info).encode()}
         self.number, self.rows, self.bytes, self.open = 0, 0, 0, False
         self.files: list[str] = []
@@ -223,7 +223,7 @@ class ClipWriter(Writer):
 
     def _flush(self) -> None:
         if self.metas:
-            self.npy.write(_cast(np.stack(self.vectors), self.dtype))
+            self.npy.write(cast(np.stack(self.vectors), self.dtype))
             self.pq.write_table(self.pa.table(self.meta_batch(self.metas), schema=self.pq.schema))
             self.vectors, self.metas, self.held = [], [], 0
 
@@ -267,7 +267,7 @@ class ParquetWriter(Writer):
         self.tokens, self.pooled, self.metas, self.held = [], [], [], 0
 
     def write(self, rec: Record, meta: dict) -> int:
-        tokens = _cast(rec.tokens, self.dtype)
+        tokens = cast(rec.tokens, self.dtype)
         self.tokens.append(tokens)
         self.pooled.append(np.array(rec.pooled))
         self.metas.append(meta)
@@ -287,7 +287,7 @@ class ParquetWriter(Writer):
         )
         soft = pa.ListArray.from_arrays(np.cumsum(counts, dtype=np.int32), inner)
         pooled = pa.FixedSizeListArray.from_arrays(
-            pa.array(_cast(np.stack(self.pooled), self.dtype).ravel()), self.dim
+            pa.array(cast(np.stack(self.pooled), self.dtype).ravel()), self.dim
         )
         columns = self.meta_batch(self.metas)
         arrays = [pa.array(columns[name], type=self.pq.schema.field(name).type) for name in self.columns]
@@ -314,10 +314,10 @@ class TarWriter(Writer):
 
     def write(self, rec: Record, meta: dict) -> int:
         key, self.key = f"{self.key:09d}", self.key + 1
-        tokens = _cast(rec.tokens, self.dtype)
+        tokens = cast(rec.tokens, self.dtype)
         mtime = max(meta["mtime_ns"] or 0, 0) // 10**9
         self._member(f"{key}.npy", _npy(tokens), mtime)
-        self._member(f"{key}.pooled.npy", _npy(_cast(rec.pooled, self.dtype)), mtime)
+        self._member(f"{key}.pooled.npy", _npy(cast(rec.pooled, self.dtype)), mtime)
         # the sidecar as an object here (JSON holds it as it is), not as the columns' JSON text
         described = {"key": key, **meta, "sidecar": rec.row.get("sidecar") or None}
         self._member(f"{key}.json", json.dumps(described, ensure_ascii=False).encode(), mtime)

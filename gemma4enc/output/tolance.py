@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from ..errors import UsageError
-from .formats import _cast, _columns, row_meta
+from .formats import cast, columns_of, row_meta
 from .vectors import records
 
 BATCH_ROWS = 1024  # rows handed to Lance at once (memory: their tokens)
@@ -100,7 +100,7 @@ def export_lance(emb, dest: str, info: dict, shards, overwrite: bool) -> dict:
 def _schema(pa, info: dict):
     value = pa.float16() if info["dtype"] == "float16" else pa.float32()
     dim = info["hidden_size"]
-    fields = [(name, getattr(pa, kind)()) for name, kind in _columns(info["per_frame"]).items()]
+    fields = [(name, getattr(pa, kind)()) for name, kind in columns_of(info["per_frame"]).items()]
     fields += [("vector", pa.list_(value, dim))]
     if _tokens(info):
         fields += [("soft_tokens", pa.list_(pa.list_(value, dim)))]
@@ -116,11 +116,11 @@ def _batch(pa, schema, info: dict, rows: list):
     dim, dtype = info["hidden_size"], info["dtype"]
     metas = [m for m, _ in rows]
     columns = [pa.array([_text(m[f.name]) for m in metas], type=f.type) for f in schema if f.name not in ("vector", "soft_tokens")]
-    pooled = _cast(np.stack([r.pooled for _, r in rows]), dtype)
+    pooled = cast(np.stack([r.pooled for _, r in rows]), dtype)
     vector = pa.FixedSizeListArray.from_arrays(pa.array(pooled.ravel()), dim)
     if not _tokens(info):
         return pa.RecordBatch.from_arrays([*columns, vector], schema=schema)
-    tokens = [_cast(r.tokens, dtype) for _, r in rows]
+    tokens = [cast(r.tokens, dtype) for _, r in rows]
     flat = np.concatenate(tokens) if tokens else np.zeros((0, dim), dtype)
     inner = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), dim)
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int32)
