@@ -47,3 +47,35 @@ def test_a_keyframe_that_outputs_earlier_frames_is_not_sought_again(monkeypatch)
     got = video._pyav_frames(None, stream, index, wanted, lambda rgb: int(rgb[0, 0, 0]), size)
     assert got == {i: i for i in wanted}  # every target, each the frame a full decode gives
     assert seeks == sorted(set(seeks))  # forward only
+
+
+def test_an_edit_lists_preroll_is_not_counted_as_frames(tmp_path):
+    """An MP4 whose edit list starts three frames into its first GOP (a trimmed clip): FFmpeg decodes
+    those three and outputs none of them. total_frames, the sample's indices, its timestamps and
+    every sampled frame are a plain full decode's (they were counted from packets: 40 frames, one
+    sample "missing", timestamps shifted)."""
+    import struct
+
+    import av
+
+    from gemma4enc.dev.demo import write_video
+    from gemma4enc.options import Sampling
+
+    clip = tmp_path / "clip.mp4"
+    write_video(clip, frames=40, fps=25)
+    data = bytearray(clip.read_bytes())
+    at = data.index(b"elst")
+    assert data[at + 4] == 0  # version 0: 32-bit duration and media_time
+    start = struct.unpack_from(">i", data, at + 16)[0]
+    struct.pack_into(">i", data, at + 16, start + 3 * 512)  # 3 frames later (512 ticks a frame)
+    trimmed = tmp_path / "trimmed.mp4"
+    trimmed.write_bytes(bytes(data))
+    with av.open(str(trimmed)) as c:
+        plain = sorted(((f.pts, f.time, f.to_ndarray(format="rgb24")) for f in c.decode(video=0)), key=lambda t: t[0])
+    assert len(plain) == 37
+    got = video.decode_video_pyav(str(trimmed), Sampling(frames=8))
+    assert got.info["total_frames"] == 37 and not got.info["missing"]
+    assert got.indices[0] == 0 and got.indices[-1] <= 36
+    for i, image, t in zip(got.indices, got.images, got.timestamps):
+        assert abs(t - plain[i][1]) < 1e-6, (i, t, plain[i][1])
+        assert np.array_equal(np.asarray(image), plain[i][2]), i

@@ -22,7 +22,7 @@ SEEK_TRIES = 6  # each one starts twice as far before the keyframe; then the fil
 
 @dataclass
 class Index:
-    order: np.ndarray  # every frame's pts, rising (frame n is order[n])
+    order: np.ndarray  # every output frame's pts, rising (frame n is order[n]); not an edit list's pre-roll
     keyframes: list[int]  # keyframe pts, rising
     rank: dict[int, int]  # pts -> its packet's place in decode order
     dts: dict[int, int]  # keyframe pts -> its packet's dts (what TS/PS seeks compare)
@@ -56,7 +56,8 @@ def scan(container, stream) -> Index:
             by_count = True
             continue
         rank[packet.pts] = len(rank)
-        pts.append(packet.pts)
+        if not packet.is_discard:  # an edit list's pre-roll: decoded, never output (a seek point still)
+            pts.append(packet.pts)
         if packet.dts is not None and first_dts is None:
             first_dts = packet.dts
         if packet.is_keyframe and packet.pts not in dts:
