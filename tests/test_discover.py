@@ -252,3 +252,19 @@ def test_a_file_list_that_is_not_utf8_is_read_as_names(tmp_path, monkeypatch):
     assert all(not i.error and i.kind == "image" for i in items)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(listing.read_bytes()), encoding="utf-8"))
     assert [i.path for i in discover([], files_from="-")[0]] == [i.path for i in items]
+
+
+def test_heif_is_told_by_its_compatible_brands_too():
+    """A HEIF whose major brand is blank, mif3 or jpeg (JPEG-coded) is an image, not a one-frame
+    video; an MP4 or a QuickTime file is still a video (issue 46)."""
+    from gemma4enc.media.kinds import SNIFF_BYTES, sniff
+
+    assert SNIFF_BYTES >= 48
+    for head in (b"\x00\x00\x00\x1cftyp\x00\x00\x00\x00\x00\x00\x00\x00mif1heicmiaf",
+                 b"\x00\x00\x00\x18ftypmif3\x00\x00\x00\x00mif3miaf",
+                 b"\x00\x00\x00\x18ftypjpeg\x00\x00\x00\x00jpegmif1",
+                 b"\x00\x00\x00\x20ftypheic\x00\x00\x00\x00mif1miafMiHBheic"):
+        assert sniff(head) == "image", head
+    for head in (b"\x00\x00\x00\x20ftypisom\x00\x00\x02\x00isomiso2avc1mp41",
+                 b"\x00\x00\x00\x14ftypqt  \x00\x00\x02\x00qt  ", b"\x00\x00\x00\x18ftyp3gp5\x00\x00\x00\x003gp5isom"):
+        assert sniff(head) == "video", head

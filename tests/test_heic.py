@@ -199,3 +199,26 @@ def test_an_embedded_thumbnail_is_never_decoded_as_the_image(tmp_path, monkeypat
         exact = decode_image(str(path), MAX)
         f, e = patchify(fast.images[0], budget), patchify(exact.images[0], budget)
         assert _psnr(f.pixels, e.pixels) >= 45  # from the thumbnail: 29 dB
+
+
+def test_a_multi_image_heif_gives_its_primary_image(tmp_path):
+    """A burst or collection whose primary image is not its first: both resize paths decode the
+    primary one, as Pillow opens it (issue 46: the first was taken)."""
+    import numpy as np
+    import pillow_heif
+    from PIL import Image
+
+    from gemma4enc.media.image import decode_image
+
+    shades = (10, 120, 240)
+    images = [Image.fromarray(np.full((64, 96, 3), v, np.uint8)) for v in shades]
+    heif = pillow_heif.from_pillow(images[0])
+    for image in images[1:]:
+        heif.add_from_pillow(image)
+    path = tmp_path / "burst.heic"
+    heif.save(str(path), quality=95, primary_index=1)
+    assert pillow_heif.open_heif(str(path)).primary_index == 1
+    for fit in (None, 280):
+        got = np.asarray(decode_image(str(path), None, fit).images[0] if fit is None else
+                         decode_image(str(path), None, fit).images[0].image)
+        assert abs(int(np.median(got)) - 120) <= 3, (fit, np.median(got))

@@ -88,8 +88,10 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
                     )
                 # PSD's "frames" are its layers, and a bad layer table must not cost the composite
                 frames = 1 if image.format == "PSD" else getattr(image, "n_frames", 1)
-                first = getattr(image, "_min_frame", 0)  # PSD numbers its layers from 1
-                if image.tell() != first:  # as opened: the first frame, or PSD's composite
+                # as opened: the first frame, HEIF's primary image (a burst's or a collection's chosen
+                # one, not always its first), or PSD's composite, which numbers its layers from 1
+                first = getattr(image, "_min_frame", 0)
+                if image.format == "PSD" and image.tell() != first:
                     image.seek(first)
                 if fit is None:
                     image.load()  # lazy open: a truncated file fails here, inside the try

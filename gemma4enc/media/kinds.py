@@ -66,7 +66,7 @@ VIDEO_EXTS = {
 }
 
 
-SNIFF_BYTES = 32
+SNIFF_BYTES = 64  # enough for an ftyp box's compatible brands
 
 ICO_CUR = (b"\x00\x00\x01\x00", b"\x00\x00\x02\x00")
 JP2 = b"\x00\x00\x00\x0cjP  \r\n\x87\n"  # the JPEG 2000 file signature box
@@ -93,6 +93,21 @@ class Item:
     )
 
 
+# ISO base media brands of still images and image sequences (HEIF, AVIF, JPEG-in-HEIF): an ftyp whose
+# major brand, or one of its compatible brands, is one of these holds images, whatever else it lists
+# (a HEIF with a blank or a `mif3` major brand, or `jpeg`, once went to the video decoder)
+HEIF_BRANDS = {b"avif", b"avis", b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"mif2",
+               b"mif3", b"msf1", b"miaf", b"jpeg"}
+
+
+def _heif(head: bytes) -> bool:
+    """Whether an ftyp box (head[4:8] == b"ftyp") names an image brand, major or compatible."""
+    size = int.from_bytes(head[:4], "big")
+    end = min(len(head), size if size >= 16 else len(head))
+    brands = [head[8:12]] + [head[i: i + 4] for i in range(16, end - 3, 4)]
+    return any(b in HEIF_BRANDS for b in brands)
+
+
 def sniff(head: bytes) -> str | None:
     """The kind a file's first bytes say, or None when they say nothing we know."""
     if head[:3] == b"\xff\xd8\xff" or head[:8] == b"\x89PNG\r\n\x1a\n" or head[:4] in (b"GIF8",):
@@ -104,8 +119,7 @@ def sniff(head: bytes) -> str | None:
     if head[:4] == b"RIFF":
         return {b"WEBP": "image", b"AVI ": "video"}.get(head[8:12])
     if head[4:8] == b"ftyp":
-        brand = head[8:12]
-        return "image" if brand in (b"avif", b"avis", b"heic", b"heix", b"mif1", b"msf1") else "video"
+        return "image" if _heif(head) else "video"
     if (
         head[:4] == b"\x1a\x45\xdf\xa3"
         or head[:3] == b"FLV"
