@@ -143,10 +143,15 @@ def test_temp_folders_of_killed_runs_are_swept_and_no_other(tmp_path, monkeypatc
     names = {f"gemma4enc-out-{dead}-a1": False, f"g4e-ray-{dead}-b2": False, f"gemma4enc-task-{dead}-c3": False,
              f"gemma4enc-out-{os.getppid()}-d4": True,  # a live process's
              f"g4e-ray-{dead}-fresh": True,  # not settled yet
-             f"someone-else-{dead}-e5": True, "gemma4enc-out-x": True}
+             f"someone-else-{dead}-e5": True, "gemma4enc-out-x": True,
+             f"gemma4enc-task-{dead}-notes": True}  # a user's folder named alike: no mark inside
+    from gemma4enc.output.files import TEMP_MARK
+
     for name in names:
         (temp / name / "sub").mkdir(parents=True)
         (temp / name / "sub" / "f").write_text("x")
+        if not name.endswith("notes"):
+            (temp / name / TEMP_MARK).write_text("")
         if not name.endswith("fresh"):
             os.utime(temp / name, (old, old))
     monkeypatch.setattr(tempfile, "tempdir", str(temp))

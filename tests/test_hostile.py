@@ -246,3 +246,29 @@ def test_a_hostile_shard_header_is_one_line(made, tmp_path):
             emb[path]
         r = RUN.invoke(app, ["search", str(out), "--duplicates", "--json"])
         no_crash(r)
+
+
+def test_a_name_that_is_not_utf8_denies_no_export(pics, ckpt, tmp_path):
+    """One file name that is not UTF-8 made every export exit 70 (UnicodeEncodeError); now each
+    export holds it, its undecodable bytes as \\xNN escapes, and the groups' Parquet too."""
+    import pyarrow.parquet as pq
+
+    media = tmp_path / "media"
+    media.mkdir()
+    for p in pics.iterdir():
+        (media / p.name).write_bytes(p.read_bytes())
+    odd = os.fsencode(media) + b"/caf\xe9.png"  # Latin-1 é: not UTF-8
+    with open(odd, "wb") as f:
+        f.write((pics / "p0.png").read_bytes())
+    out = tmp_path / "out"
+    assert encode([media, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    want = os.fsdecode(odd).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    assert want.endswith("caf\\xe9.png")
+    for to in ("clip", "parquet", "webdataset", "lance"):
+        r = RUN.invoke(app, ["export", str(out), str(tmp_path / to), "--to", to])
+        no_crash(r)
+        assert r.exit_code == 0, (to, r.output)
+    assert want in pq.read_table(tmp_path / "parquet" / "data").column("path").to_pylist()
+    r = RUN.invoke(app, ["search", str(out), "--duplicates", "-q", "--groups", str(tmp_path / "g.parquet")])
+    assert r.exit_code == 0, r.output
+    assert want in pq.read_table(tmp_path / "g.parquet").column("members").to_pylist()[0]

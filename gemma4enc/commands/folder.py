@@ -356,8 +356,7 @@ def search(
             if null:  # each member NUL-ended, and each group too
                 _write_stdout(b"".join(drop.list_bytes(g["members"], True) + b"\0" for g in report["groups"]))
             else:  # a line a member, a blank line between groups; a name with a newline is refused
-                drop.list_bytes([p for g in report["groups"] for p in g["members"]], False)
-                typer.echo("\n\n".join("\n".join(g["members"]) for g in report["groups"]))
+                _write_stdout(b"\n".join(drop.list_bytes(g["members"], False) for g in report["groups"]))
         say(f"{len(report['groups'])} group(s) of {sum(g['size'] for g in report['groups'])} files at cosine "
             f"≥ {threshold} ({report['method']}); {len(drops)} to drop"
             + (f", {report['moves']['moved']} moved to {move_dropped}" if move_dropped is not None else ""))

@@ -92,3 +92,18 @@ def line_of(row) -> bytes:
         row = row.to_json()
     # a file name that is not UTF-8 holds lone surrogates: written as \udcXX escapes, JSON reads it back
     return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", errors="backslashreplace")
+
+
+TEMP_MARK = ".gemma4enc-temp"  # inside every temp folder gemma4enc makes: what the sweep looks for
+
+
+def temp_folder(kind: str) -> str:
+    """A new private temp folder `<kind>-<pid>-<random>` with gemma4enc's mark inside: the sweep of
+    folders left by killed runs (run/tempsweep.py) takes only marked ones, never a user's folder
+    that happens to look alike (`gemma4enc-task-2024-notes`)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-")
+    fd = os.open(os.path.join(folder, TEMP_MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    return folder

@@ -46,12 +46,24 @@ META = {
 PER_FRAME = {"frame": "int32", "frame_index": "int64", "timestamp": "float64"}
 
 
+def text_of(value):
+    """A string as Arrow, Parquet and JSON text can hold it: a file name that is not UTF-8 (lone
+    surrogates, as Python reads such names) gets its undecodable bytes as \\xNN escapes instead of
+    stopping the export (exit 70). The manifest keeps the exact bytes (docs/format.md)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return value
+
+
 def row_meta(rec: Record, per_frame: bool) -> dict:
     """The row's metadata columns: rel where the walk knew the root, sha256 where --hash made one."""
     row = rec.row
     meta = {
-        "path": row["path"],
-        "rel": row.get("rel"),
+        "path": text_of(row["path"]),
+        "rel": text_of(row.get("rel")),
         "kind": row.get("kind"),
         "frames": row.get("frames"),
         "tokens": row.get("tokens"),

@@ -27,13 +27,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 import threading
 import uuid
 from pathlib import Path
 
 from ..errors import UsageError
-from .files import append_rows
+from .files import append_rows, temp_folder
 from .ledger import Ledger
 from .lock import holding
 from .names import COMPACTED, LOCK, MANIFEST, PART_RE, PARTS, SEARCH_INDEX, SETTINGS, SHARD_RE, not_an_output
@@ -55,7 +54,7 @@ class StoreOut(Out):
         self.store = Store(url)
         self.url = self.store.url
         # the pid in the name: a later run removes it if this process is killed (run/tempsweep.py)
-        self.folder = Path(tempfile.mkdtemp(prefix=f"gemma4enc-out-{os.getpid()}-"))
+        self.folder = Path(temp_folder("gemma4enc-out"))
         self.lock: StoreLock | None = None
         # in this run's part names: whose they were, for a reader of the store
         self.run = uuid.uuid4().hex[:8]

@@ -115,7 +115,7 @@ def _tokens(info: dict) -> bool:
 def _batch(pa, schema, info: dict, rows: list):
     dim, dtype = info["hidden_size"], info["dtype"]
     metas = [m for m, _ in rows]
-    columns = [pa.array([_text(m[f.name]) for m in metas], type=f.type) for f in schema if f.name not in ("vector", "soft_tokens")]
+    columns = [pa.array([m[f.name] for m in metas], type=f.type) for f in schema if f.name not in ("vector", "soft_tokens")]
     pooled = cast(np.stack([r.pooled for _, r in rows]), dtype)
     vector = pa.FixedSizeListArray.from_arrays(pa.array(pooled.ravel()), dim)
     if not _tokens(info):
@@ -126,17 +126,6 @@ def _batch(pa, schema, info: dict, rows: list):
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int32)
     soft = pa.ListArray.from_arrays(pa.array(offsets), inner)
     return pa.RecordBatch.from_arrays([*columns, vector, soft], schema=schema)
-
-
-def _text(value):
-    """A name that is not UTF-8 (lone surrogates from the file system) written losslessly, as the
-    manifest writes it: \\udcXX escapes (docs/format.md)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return value
 
 
 def _chain(first, rest):

@@ -291,9 +291,12 @@ def _write_groups(path: Path, groups: list[dict]) -> None:
         except ImportError:
             raise UsageError(f"{path}: Parquet needs pyarrow (pip install 'gemma4enc[export]'); "
                              "or name a .jsonl file") from None
-        table = pa.table({"group": [g["group"] for g in groups], "keep": [g["keep"] for g in groups],
-                          "drop": [g["drop"] for g in groups], "size": [g["size"] for g in groups],
-                          "members": [g["members"] for g in groups]})
+        from ..output.formats import text_of
+
+        texts = lambda paths: [text_of(p) for p in paths]  # noqa: E731 - names that are not UTF-8, escaped
+        table = pa.table({"group": [g["group"] for g in groups], "keep": texts([g["keep"] for g in groups]),
+                          "drop": [texts(g["drop"]) for g in groups], "size": [g["size"] for g in groups],
+                          "members": [texts(g["members"]) for g in groups]})
         pq.write_table(table, path)
         return
     with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:

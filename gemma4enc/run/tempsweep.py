@@ -1,7 +1,8 @@
 """The temp folders a gemma4enc process makes carry its pid (gemma4enc-out-PID-…: a store OUT's
 mirror; g4e-ray-PID-…: a private Ray's sessions and sockets; gemma4enc-task-PID-…: a Ray actor's
 task; gemma4enc-search-PID-…: a search's query run). A process killed with kill -9 cannot remove
-its own, so each run removes those of processes that are gone: only ours by name and owner, only
+its own, so each run removes those of processes that are gone: only ours by name, owner and the
+mark gemma4enc puts inside (output/files.temp_folder; a user's `gemma4enc-task-2024-notes` has none), only
 where the pid is no process at all (a live or reused pid keeps its folder), and only once the
 folder has not changed for a minute (a folder being made is never taken)."""
 
@@ -10,8 +11,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
+
+from ..output.files import TEMP_MARK
 
 _OURS = re.compile(r"(?:gemma4enc-out|g4e-ray|gemma4enc-task|gemma4enc-search)-(\d+)-[^/]+")
 SETTLED_S = 60.0
@@ -43,6 +47,9 @@ def sweep(folder: str | None = None) -> list[str]:
         try:
             st = entry.stat(follow_symlinks=False)
             if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid():
+                continue
+            mark = os.lstat(os.path.join(entry.path, TEMP_MARK))  # made by gemma4enc, not named alike
+            if not stat.S_ISREG(mark.st_mode):
                 continue
         except OSError:
             continue

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Literal
@@ -31,6 +30,7 @@ from typing import Literal
 from ...errors import OutputError
 from ...media.kinds import Item
 from ...options import Options
+from ...output.files import temp_folder
 from ...output.names import task_shard_name
 from ...output.out import ActorOut
 from ...rows import Row
@@ -119,7 +119,7 @@ class TaskEncoder:
         # the task's own folder, gone with it: an actor lives as long as Ray keeps it and is killed,
         # not closed, so a folder of the actor's would outlive every run; the pid in its name lets a
         # later run sweep the folder of an actor killed mid-task (tempsweep.py)
-        local = tempfile.mkdtemp(prefix=f"gemma4enc-task-{os.getpid()}-")
+        local = temp_folder("gemma4enc-task")
         try:
             return self._encode(task, local)
         finally:

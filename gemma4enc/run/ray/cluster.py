@@ -24,12 +24,12 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 from ...errors import UsageError
 from ...options import Options
+from ...output.files import temp_folder
 
 # Read by Ray at import: a private Ray binds to loopback only (its single-node mode) and sends no usage stats.
 LOCAL_ENV = {
@@ -159,7 +159,7 @@ def _connected(address: str | None):
         ray_constants.ENABLE_RAY_CLUSTER = False
     logging.getLogger("ray").setLevel(logging.ERROR)
     # short: Ray's sockets live in it; named with this process's id so a sweep can tell a dead one's
-    temp = tempfile.mkdtemp(prefix=f"g4e-ray-{os.getpid()}-") if address is None else None
+    temp = temp_folder("g4e-ray") if address is None else None
     try:
         with contextlib.redirect_stdout(sys.stderr):  # Ray prints worker deaths on stdout, which is --json's
             try:
