@@ -95,9 +95,10 @@ def test_verify_groups_the_ok_rows_by_shard_in_arrays(tmp_path):
              for p, st, sh, i in rows]
     (tmp_path / MANIFEST).write_bytes(b"".join(lines))
     at = [sum(map(len, lines[:k])) for k in range(len(lines))]
-    by_shard, unplaced = Ledger.load(tmp_path).ok_by_shard()
+    ledger = Ledger.load(tmp_path)
+    by_shard, unplaced = ledger.ok_by_shard()
     assert {k: v.tolist() for k, v in by_shard.items()} == {"s1": [at[2], at[8]], "s2": [at[1]]}
-    assert unplaced == ["/d", "/g"]
+    assert unplaced == ["/d"] and ledger.unreadable == 1  # /g's index -1 is no row a reader can act on
     (tmp_path / MANIFEST).write_bytes(lines[4])
     assert Ledger.load(tmp_path).ok_by_shard() == ({}, [])  # no ok row at all
 

@@ -18,7 +18,6 @@ from typing import Iterator, NamedTuple
 
 from ..rows import Status
 from .files import MANIFEST, own_opener
-from .names import SHARD_RE
 
 
 class Entry(NamedTuple):
@@ -395,23 +394,25 @@ class Ledger:
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_PLAIN = re.compile(r"[^/\\\x00.][^/\\\x00]*\Z")  # a file name of OUT's own: no folder, not hidden
 
 
 def _schema_ok(row: dict) -> bool:
     """A row every reader can act on (docs/format.md): its status and kind are names, a sha256 is
-    64 hex digits, and an ok row names a shard of OUT's own (no `../`, no absolute path) and an
-    index at or above 0 (a reader checks it against the shard's length). A row that is not is
-    left out, as a torn line is: one row from a hostile or broken manifest never hands a reader
-    another file's tokens, nor stops every command (docs/security.md)."""
+    64 hex digits, a shard is a plain name in OUT (no `/`, so no `../` and no absolute path) and an
+    index is an integer at or above 0 (a reader checks it against the shard's length). A row that
+    is not is left out, as a torn line is: one row from a hostile or broken manifest never hands a
+    reader another file's tokens nor a file outside OUT, and stops no command (docs/security.md).
+    (An ok row naming no shard is kept: verify reports it, and there is nothing to read.)"""
     status, kind, digest = row.get("status"), row.get("kind", ""), row.get("sha256")
-    if not isinstance(status, str) or not isinstance(kind, str):
+    if not isinstance(status, str) or not isinstance(kind, (str, type(None))):
         return False
     if digest is not None and not (isinstance(digest, str) and _HEX64.match(digest)):
         return False
-    if status == "ok":
-        index, shard = row.get("index"), row.get("shard")
-        return type(index) is int and index >= 0 and isinstance(shard, str) and SHARD_RE.match(shard) is not None
-    return True
+    index, shard = row.get("index"), row.get("shard")
+    if index is not None and not (type(index) is int and index >= 0):
+        return False
+    return shard is None or (isinstance(shard, str) and _PLAIN.match(shard) is not None)
 
 
 def _path_in(col: dict, names: bytearray, strings: list, r: int) -> str:
