@@ -193,3 +193,29 @@ def test_groups_files_refuse_what_they_cannot_write(library, ckpt, tmp_path):
     assert RUN.invoke(app, ["search", str(out), "--duplicates", "-q", "--groups", str(tmp_path / "g.parquet")]).exit_code == 0
     groups = pq.read_table(tmp_path / "g.parquet").to_pylist()
     assert len(groups) == 1 and sorted(groups[0]["members"]) == sorted(str(library / n) for n in ("copy.png", "p0.png"))
+
+
+def test_the_small_ones_of_the_trial(library, ckpt, tmp_path):
+    """A pair scores alike both ways; a tar given as the query lists each member under its name;
+    export --to vllm says when its pixels are not vLLM's and tells a changed file from one without
+    a content hash."""
+    import io
+    import tarfile
+
+    out = tmp_path / "out"
+    assert encode([library, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    a, b = str(library / "p1.png"), str(library / "p2.png")
+    both = json.loads(RUN.invoke(app, ["search", str(out), a, b, "-k", "4", "--json"]).stdout)["results"]
+    score = {(r["path"], h["path"]): h["score"] for r in both for h in r["hits"]}
+    assert score[(a, b)] == score[(b, a)]
+    tar = tmp_path / "q.tar"
+    with tarfile.open(tar, "w") as t:
+        for n in ("p1.png", "p2.png"):
+            t.add(library / n, arcname=f"00000{n[1]}.png")
+    listed = RUN.invoke(app, ["search", str(out), str(tar), "-k", "1"])
+    assert listed.exit_code == 0 and listed.stdout.count(".tar/00000") == 2, listed.output  # a header each
+    (library / "p0.png").write_bytes((library / "p0.png").read_bytes() + b"\0")  # changed since its encode
+    r = RUN.invoke(app, ["export", str(out), str(tmp_path / "v"), "--to", "vllm"])
+    assert r.exit_code == 0, r.output
+    assert "1 changed or gone since their encode" in r.output and "without a content hash" not in r.output
+    assert "--resize exact: its pixels are not vLLM's own" in r.output

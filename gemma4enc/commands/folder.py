@@ -193,9 +193,13 @@ def export(
         if json_out:
             typer.echo(json.dumps(report, indent=2))
         else:
-            unkeyed = f"; {report['unkeyed']} without a content hash left out (encode --hash)" if report[
-                "unkeyed"] else ""
-            typer.echo(f"{report['dir']}: {report['rows']:,} files, vllm, {report['dtype']}{unkeyed}")
+            hashless = report["unkeyed"] - report["changed"]
+            unkeyed = f"; {hashless} without a content hash left out (encode --hash)" if hashless else ""
+            changed = (f"; {report['changed']} changed or gone since their encode left out (encode again)"
+                       if report["changed"] else "")
+            typer.echo(f"{report['dir']}: {report['rows']:,} files, vllm, {report['dtype']}{unkeyed}{changed}")
+        for warning in report["warnings"]:
+            typer.echo(f"gemma4enc: warning: {warning}", err=True)
         return
     dtype = dtype or "float16"
 

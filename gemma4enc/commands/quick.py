@@ -101,7 +101,7 @@ def answer(out: str, wanted: list[str], k: int, device: str, json_out: bool, qui
         echo(json.dumps(report, indent=2))
     else:
         for result in report["results"]:
-            if len(wanted) > 1:
+            if len(report["results"]) + len(report["failed"]) > 1:  # a tar's members too
                 echo(f"{result['file']}:")
             echo("\n".join(f"{hit['score']:.4f}  {hit['path']}" for hit in result["hits"]))
     for failure in report["failed"]:

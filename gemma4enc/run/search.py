@@ -96,21 +96,23 @@ class Searcher:
             tar = member_tar.get(f)
             if i >= 0 and (tar is not None or _unchanged(path, cache.rows[i])):
                 sources[f], own[f] = "out", i
-                queries[f] = unit(cache.vector(i))
+                queries[f] = cache.vector(i)  # as the rows are stored: a→b scores as b→a
             elif tar is not None or os.path.exists(path):
                 new.append(tar or path)  # a member not in OUT: its tar is encoded, its rows are the members'
                 sources[f] = "encoded"
             else:
                 errors[f] = "no such file, and not in OUT"
         if new:
-            self.log(f"encoding {len(set(new))} file(s) {self.out} lacks, with its settings")
+            tars = sum(1 for n in set(new) if n in member_tar.values())
+            what = f"{len(set(new)) - tars} file(s)" + (f" and {tars} tar(s)" if tars else "")
+            self.log(f"encoding {what} {self.out} lacks, with its settings")
         # encode's own lines (model loaded, worker advice, a temp OUT) are about a run the user did not
         # start: kept quiet; a query that fails says why in the results
         encoded = encode_files(self.out, sorted(set(new)), self.device, bar, lambda m: None) if new else {}
         for f in [f for f, s in sources.items() if s == "encoded"]:
             vector = encoded.get(key_of(f))
-            if isinstance(vector, np.ndarray):
-                queries[f] = unit(vector)
+            if isinstance(vector, np.ndarray):  # rounded as the stored rows are: scores compare alike
+                queries[f] = unit(vector).astype(np.float16).astype(np.float32)
             else:
                 errors[f] = vector or "not encoded"
                 del sources[f]
@@ -122,8 +124,7 @@ class Searcher:
             for f, row_s, row_i in zip(batch, scores, ids):
                 hits = [(float(s), i) for s, i in zip(row_s, row_i.tolist()) if i >= 0]
                 if f in own:  # itself first, even among exact copies of it (equal scores)
-                    q = queries[f]
-                    hits = [(float(q @ q), own[f]), *[(s, i) for s, i in hits if i != own[f]]][: len(hits)]
+                    hits = [(1.0, own[f]), *[(s, i) for s, i in hits if i != own[f]]][: len(hits)]  # its own cosine
                 results.append({"file": f, "path": key_of(f), "source": sources[f],
                                 "hits": [{"path": cache.path(i), "score": round(s, 6)} for s, i in hits]})
         failed = [{"file": f, "path": key_of(f), "error": e} for f, e in errors.items()]

@@ -146,6 +146,7 @@ class OutCache:
         self.by_key: dict[str, Entry] = {}
         self.by_path: dict[str, Entry] = {}
         self.unkeyed: list[str] = []
+        self.changed: list[str] = []  # files changed (or gone) since their encode: their tokens are not theirs
         self.hashed = 0  # content hashes computed here, for rows encoded without --hash
         for path, row in latest.items():
             if row.get("status") != "ok" or row.get("kind") not in ("image", "video"):
@@ -169,9 +170,11 @@ class OutCache:
         try:
             st = os.stat(path)
             if (st.st_size, st.st_mtime_ns) != (row.get("size"), row.get("mtime_ns")):
+                self.changed.append(path)
                 return None  # changed since it was encoded: these are not its tokens
             digest = file_sha256(path)
         except OSError:
+            self.changed.append(path)  # gone (or unreadable) since it was encoded
             return None
         self.hashed += 1
         return digest

@@ -60,6 +60,16 @@ def _write_atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _warnings(settings: dict) -> list[str]:
+    """What the user should know before serving these tokens: pixels that are not vLLM's own."""
+    resize = settings.get("resize")
+    if resize in (None, "torchvision"):
+        return []
+    return [f"OUT was encoded with --resize {resize}: its pixels are not vLLM's own (vLLM resizes with "
+            "torchvision), so an answer from these tokens may differ from vLLM's from the file; encode "
+            "with --resize torchvision for tokens equal to vLLM's (docs/serving.md)"]
+
+
 def export_vllm(out: str, dest, dtype: str = "float32", overwrite: bool = False) -> dict:
     import torch
     from safetensors.torch import save_file
@@ -99,6 +109,8 @@ def export_vllm(out: str, dest, dtype: str = "float32", overwrite: bool = False)
             "rows": len(lines),
             "hashed": cache.hashed,
             "unkeyed": len(cache.unkeyed),
+            "changed": len(cache.changed),  # of the unkeyed: changed or gone since their encode
+            "warnings": _warnings(cache.settings),
         }
         _write_atomic(dest / INFO, lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
     except OSError as e:
