@@ -24,7 +24,7 @@ DEFAULT = Options()  # every default below is read from here: one place for each
 EPILOG = (
     "Exit codes: 0 all ok · 1 some files failed (their rows say why) · 2 usage or preflight error · "
     "3 --max-failures exceeded · 4 the output folder stopped taking writes · 70 a bug (an "
-    "internal error: please report it) · 130 interrupted."
+    "internal error: please report it) · 130 interrupted · 141 stdout's reader went away."
 )
 
 
