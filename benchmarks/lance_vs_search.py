@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from search_scale import CLI, make_folder, path_of, recall_at_10, timed  # noqa: E402
+from search_scale import CLI, exact_top10, make_folder, path_of, recall_at_10, timed  # noqa: E402
 
 
 def lance_worker(step: str, folder: str, extra: str) -> None:
@@ -51,15 +51,7 @@ def lance_recall(folder: Path, out: Path, sample: int, nprobes: int | None = Non
         cache = s.cache
         ids = np.sort(np.random.default_rng(3).choice(cache.n, sample, replace=False))
         queries = np.asarray(cache.vectors[ids], np.float32)
-        best = np.full((sample, 0), -np.inf, np.float32)
-        best_i = np.zeros((sample, 0), np.int64)
-        for lo in range(0, cache.n, 1 << 16):
-            sims = queries @ np.asarray(cache.vectors[lo: lo + (1 << 16)], np.float32).T
-            both = np.hstack([best, sims])
-            both_i = np.hstack([best_i, np.broadcast_to(np.arange(lo, lo + sims.shape[1]), sims.shape)])
-            top = np.argpartition(-both, 9, axis=1)[:, :10]
-            best, best_i = np.take_along_axis(both, top, 1), np.take_along_axis(both_i, top, 1)
-        exact = [{cache.path(int(i)) for i in row} for row in best_i]
+        exact = [{cache.path(int(i)) for i in row} for row in exact_top10(cache, queries)]
     start = time.perf_counter()
     def top(q):
         search = table.search(q, vector_column_name="vector").metric("cosine").limit(10)

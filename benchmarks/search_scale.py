@@ -91,6 +91,20 @@ def timed(args: list[str], stdin: str | None = None) -> dict:
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mb": int(field("Maximum resident")) // 1024}
 
 
+def exact_top10(cache, queries: np.ndarray) -> np.ndarray:
+    """(len(queries), 10) ids of each query's exact top 10 over the cache's float16 vectors, in blocks."""
+    best = np.full((len(queries), 0), -np.inf, np.float32)
+    best_i = np.zeros((len(queries), 0), np.int64)
+    for lo in range(0, cache.n, 1 << 16):
+        sims = queries @ np.asarray(cache.vectors[lo: lo + (1 << 16)], np.float32).T
+        both = np.hstack([best, sims])
+        both_i = np.hstack([best_i, np.broadcast_to(np.arange(lo, lo + sims.shape[1]), sims.shape)])
+        top = np.argpartition(-both, 9, axis=1)[:, :10]
+        best, best_i = np.take_along_axis(both, top, 1), np.take_along_axis(both_i, top, 1)
+        cache.release()
+    return best_i
+
+
 def recall_at_10(out: Path, sample: int) -> dict:
     """The index's top 10 against exact top 10 over the cache's own float16 vectors."""
     from gemma4enc.run.search import Searcher
@@ -102,15 +116,7 @@ def recall_at_10(out: Path, sample: int) -> dict:
         start = time.perf_counter()
         _, got = cache.search(queries, 10)
         took = time.perf_counter() - start
-        best = np.full((sample, 0), -np.inf, np.float32)
-        best_i = np.zeros((sample, 0), np.int64)
-        for lo in range(0, cache.n, 1 << 16):
-            sims = queries @ np.asarray(cache.vectors[lo: lo + (1 << 16)], np.float32).T
-            both = np.hstack([best, sims])
-            both_i = np.hstack([best_i, np.broadcast_to(np.arange(lo, lo + sims.shape[1]), sims.shape)])
-            top = np.argpartition(-both, 9, axis=1)[:, :10]
-            best, best_i = np.take_along_axis(both, top, 1), np.take_along_axis(both_i, top, 1)
-            cache.release()
+        best_i = exact_top10(cache, queries)
         rec = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got.tolist(), best_i.tolist())])
         return {"recall_at_10": round(float(rec), 4), "queries": sample, "index": cache.spec,
                 "batch_search_s": round(took, 3)}
