@@ -219,3 +219,16 @@ def test_the_small_ones_of_the_trial(library, ckpt, tmp_path):
     assert r.exit_code == 0, r.output
     assert "1 changed or gone since their encode" in r.output and "without a content hash" not in r.output
     assert "--resize exact: its pixels are not vLLM's own" in r.output
+
+
+def test_a_file_is_named_absolute_and_only_near_misses_are_suggested(library, ckpt, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert encode([library, "-o", out, "--model", ckpt, *BASE]).exit_code == 0
+    monkeypatch.chdir(library)
+    got = json.loads(RUN.invoke(app, ["search", str(out), "p1.png", str(library), "-k", "1", "--json"]).stdout)
+    files = [r["file"] for r in got["results"]]
+    assert str(library / "p1.png") in files and all(f.startswith("/") for f in files)  # as a folder's members
+    far = RUN.invoke(app, ["encode", str(library), "--bogus"])
+    assert far.exit_code == 2 and "--out" not in far.output, far.output
+    near = RUN.invoke(app, ["encode", str(library), "--ouput", "x"])
+    assert near.exit_code == 2 and "--out" in near.output, near.output

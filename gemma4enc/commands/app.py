@@ -110,6 +110,7 @@ class Command(TyperCommand):
         try:
             ctx = super().make_context(info_name, list(args), parent, **extra)
         except typer.TyperException as e:  # click's usage errors, as typer vendors them
+            _close_suggestions_only(e)
             _json_error(wants_json, e.format_message(), e.exit_code)
             raise
         ctx.meta["json_errors"] = wants_json
@@ -147,6 +148,16 @@ def ended(e: BaseException, command: str, wants_json: bool) -> int:
         _silence(sys.stdout)  # stdout is what failed: its JSON cannot be given either
     _json_error(wants_json, f"{kind}: {message}" if code in (70, 130) else message, code)
     return code
+
+
+def _close_suggestions_only(e) -> None:
+    """click suggests any option loosely like a mistyped one (`--bogus`: "did you mean --out?"); only
+    a near miss (`--ouput` for `--output`) is worth saying."""
+    import difflib
+
+    name, offered = getattr(e, "option_name", None), getattr(e, "possibilities", None)
+    if name and offered:
+        e.possibilities = [p for p in offered if difflib.SequenceMatcher(None, name, p).ratio() >= 0.8]
 
 
 def _plain_argument(param) -> None:

@@ -153,7 +153,7 @@ def query_files(files: list[str], files_from: str | None = None, null: bool = Fa
             items, _ = discover([f])
             found += [item.path for item in items]
         else:
-            found.append(f)
+            found.append(key_of(f))  # as a folder's members come: absolute (a URL as written)
     return list(dict.fromkeys(found))
 
 
