@@ -19,6 +19,8 @@ import stat
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..media.remote import is_url
+
 LIVE, GONE, CHANGED, ALIAS, ELSEWHERE = "live", "gone", "changed", "alias", "elsewhere"
 
 
@@ -33,8 +35,6 @@ class Seen:
 
 def look(row: Seen) -> tuple[str, tuple[int, int] | None]:
     """(state, (st_dev, st_ino) of a live file) of one row, aliases not yet told apart."""
-    from ..media.remote import is_url
-
     if is_url(row.path):
         return ELSEWHERE, None
     try:

@@ -265,24 +265,19 @@ def duplicates(out, threshold: float = 0.98, log=lambda message: None, method: s
         if note:
             log(f"duplicates: {note}")
         rng = np.random.default_rng(0)
-        groups = []
+        groups, seen = [], {}  # seen: path -> [size, mtime_ns] its row recorded, for the live members
         for number, members in enumerate(found):
             kept = dedup.keep_one(cache, members, keep, rng)
             groups.append({"group": number, "size": len(members), "keep": cache.path(kept),
                            "drop": [cache.path(i) for i in members.tolist() if i != kept],
                            "members": [cache.path(i) for i in members.tolist()]})
-        def live(path: str) -> bool:
-            return states.get(cache.find(path)) == ondisk.LIVE
-
+            for i in members.tolist():  # what a drop list or a move checks again (run/drop.py)
+                if states.get(i) == ondisk.LIVE:
+                    r = cache.rows[i]
+                    seen[cache.path(i)] = [int(r["size"]), int(r["mtime"])]
         stale = [{"path": cache.path(i), "state": s} for i, s in sorted(states.items())
                  if s not in (ondisk.LIVE, ondisk.ELSEWHERE)]
         elsewhere = sum(s == ondisk.ELSEWHERE for s in states.values())
         return {"out": str(out), "index": cache.spec["kind"], "rows": cache.live, "threshold": threshold,
                 "method": used, "keep": keep, "groups": groups, "stale": stale, "not_checked": elsewhere,
-                "seen": {p: _seen(cache, p) for g in groups for p in g["members"] if live(p)}}
-
-
-def _seen(cache, path: str) -> list[int]:
-    """[size, mtime_ns] a row recorded for `path`: what a drop list or a move checks again."""
-    r = cache.rows[cache.find(path)]
-    return [int(r["size"]), int(r["mtime"])]
+                "seen": seen}

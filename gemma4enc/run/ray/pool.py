@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ...errors import UsageError
-from .cluster import ROOM_S, START_S, Pool, first_line
+from .actor import items_of
+from .cluster import ROOM_S, START_DEFAULT_S, START_S, Pool, first_line
 
 RETRIES = 2  # deaths of a task's actor before the task is given up (the driver then splits it up)
 ROOM_DEFAULT_S = 600.0  # long enough for an autoscaler to bring a replacement node
-START_DEFAULT_S = 900.0
 TASK_S = "GEMMA4ENC_RAY_TASK_S"  # seconds a task may be out on one actor before the actor is killed
 TASK_FILE_S = 120.0  # per file of a task, when TASK_S is not set (plus TASK_BASE_S)
 TASK_BASE_S = 600.0
@@ -60,6 +60,7 @@ class _Actor:
     name: str
     since: float  # when it was asked for, or when it took its task
     task: dict | None = None
+    bound: float = 0.0  # seconds its task may be out (_task_bound), set when it takes one
     killed: bool = False  # by the pool, past TASK_S: its task's ref fails soon
 
 
@@ -90,6 +91,7 @@ class ActorPool:
         self.room_s = _seconds(ROOM_S, ROOM_DEFAULT_S)
         self.start_s = _seconds(START_S, START_DEFAULT_S)
         self.progress_s = _seconds(PROGRESS_S, PROGRESS_DEFAULT_S)
+        self.task_s = _seconds(TASK_S, 0.0)  # 0: by the task's files
 
     def round(self, tasks: list[dict], take: Callable[[dict], None]) -> list[dict]:
         """Run `tasks` through the pool; `take(result)` for each one that comes back (it may raise,
@@ -105,6 +107,7 @@ class ActorPool:
                 while idle and queue:
                     actor = idle.pop()
                     actor.task, actor.since = queue.popleft(), time.monotonic()
+                    actor.bound = self._task_bound(actor.task)
                     busy[actor.handle.encode.remote(actor.task)] = actor
                 self._fill(starting, len(busy) + len(idle), len(queue) + len(busy), tally)
                 if not starting and not busy:
@@ -167,7 +170,9 @@ class ActorPool:
         """The round's clocks: stops where nothing can come up, kills a task's actor past TASK_S,
         and says what the pool waits for every PROGRESS_S."""
         now = time.monotonic()
-        room = self._room()
+        saying = now - tally.said >= self.progress_s
+        # the cluster is asked only when it matters: no actor up, or a line to say
+        room = self._room() if saying or not (busy or idle) else True
         tally.no_room_since = None if room else tally.no_room_since or now
         tally.none_up_since = None if (busy or idle) else tally.none_up_since or now
         if tally.none_up_since is not None and tally.no_room_since is not None:
@@ -184,12 +189,11 @@ class ActorPool:
                 f"room ({len(starting)} starting: the machine is too busy?); set {START_S} to wait longer"
             )
         for actor in busy.values():
-            bound = _task_bound(actor.task)
-            if not actor.killed and now - actor.since >= bound:
+            if not actor.killed and now - actor.since >= actor.bound:
                 actor.killed = True
-                self.log(f"a Ray actor held task {actor.task['id']} for {bound:.0f} s; it is killed and the task retried")
+                self.log(f"a Ray actor held task {actor.task['id']} for {actor.bound:.0f} s; it is killed and the task retried")
                 self._kill(actor)  # its ref now fails: the task counts a death and goes back
-        if now - tally.said >= self.progress_s:
+        if saying:
             tally.said = now
             oldest = max((now - a.since for a in busy.values()), default=0.0)
             waits = (
@@ -216,14 +220,12 @@ class ActorPool:
             for n in nodes
         )
 
+    def _task_bound(self, task: dict) -> float:
+        """Seconds a task may be out: TASK_S, else TASK_BASE_S + TASK_FILE_S a file."""
+        return self.task_s or TASK_BASE_S + TASK_FILE_S * len(items_of(task))
+
     def _kill(self, actor: _Actor) -> None:
         try:
             self.ray.kill(actor.handle, no_restart=True)
         except Exception:  # noqa: BLE001 - gone already, with its node
             pass
-
-
-def _task_bound(task: dict) -> float:
-    """Seconds a task may be out: TASK_S, else TASK_BASE_S + TASK_FILE_S a file."""
-    files = str(task["items"]).count('"path"')
-    return _seconds(TASK_S, TASK_BASE_S + TASK_FILE_S * max(1, files))
