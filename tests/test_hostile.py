@@ -272,3 +272,68 @@ def test_a_name_that_is_not_utf8_denies_no_export(pics, ckpt, tmp_path):
     r = RUN.invoke(app, ["search", str(out), "--duplicates", "-q", "--groups", str(tmp_path / "g.parquet")])
     assert r.exit_code == 0, r.output
     assert want in pq.read_table(tmp_path / "g.parquet").column("members").to_pylist()[0]
+
+
+def _tar_of(path: Path, members: list) -> None:
+    """A tar written member by member: (name, bytes) regular files, or a ready TarInfo (links,
+    devices, FIFOs), as a hostile publisher could."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as t:
+        for m in members:
+            if isinstance(m, tarfile.TarInfo):
+                t.addfile(m)
+            else:
+                info = tarfile.TarInfo(m[0])
+                info.size, info.mtime = len(m[1]), 1_700_000_000
+                t.addfile(info, io.BytesIO(m[1]))
+
+
+def test_hostile_tar_members_get_rows_never_paths_outside(pics, ckpt, tmp_path):
+    """Members named with '..', absolutely or with control characters are refused with a row whose
+    path stays inside the tar; links, devices and FIFOs get a row saying what they are; of two
+    members with one name the later is encoded under it (as tar -x keeps it) and the earlier is a
+    row of its own. Nothing is written outside OUT, and a re-run adds no row."""
+    import hashlib
+    import tarfile
+
+    png = {p.name: p.read_bytes() for p in pics.iterdir()}
+    specials = []
+    for name, kind, target in [("link.png", tarfile.SYMTYPE, "/etc/passwd"), ("hard.png", tarfile.LNKTYPE, "000001.png"),
+                               ("dev.png", tarfile.CHRTYPE, ""), ("pipe.png", tarfile.FIFOTYPE, "")]:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, target
+        specials.append(info)
+    tar = tmp_path / "web.tar"
+    _tar_of(tar, [("000001.png", png["p0.png"]), ("../../escape.png", png["p1.png"]), ("/abs.png", png["p1.png"]),
+                  ("x\x1b[31mred\n.png", png["p1.png"]), ("dup.png", png["p1.png"]), *specials,
+                  ("dup.png", png["p2.png"])])
+    decoys = [decoy(tmp_path, "escape.png"), decoy(tmp_path.parent, "escape.png")]
+    before = [d.read_bytes() for d in decoys]
+    out = tmp_path / "out"
+    r = encode([tar, "-o", out, "--model", ckpt, "--hash", *BASE])
+    no_crash(r)
+    assert r.exit_code == 1, r.output  # some files failed: the refused members
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    by = {row["path"][len(str(tar)) + 1:]: row for row in rows}
+    assert by["000001.png"]["status"] == "ok"
+    assert by["dup.png"]["status"] == "ok"
+    assert by["dup.png"]["sha256"] == hashlib.sha256(png["p2.png"]).hexdigest()  # the later member
+    earlier = [k for k in by if k.startswith("dup.png@")]
+    assert len(earlier) == 1 and "later member" in by[earlier[0]]["error"]
+    for name, word in [("link.png", "symbolic link"), ("hard.png", "hard link"), ("dev.png", "character device"),
+                       ("pipe.png", "FIFO")]:
+        assert by[name]["status"] == "unsupported" and word in by[name]["error"], by[name]
+    refused = [row for row in rows if "refused" in (row.get("error") or "")]
+    assert len(refused) == 3, refused
+    for row in rows:
+        rel = row["path"][len(str(tar)) + 1:]
+        assert row["path"].startswith(f"{tar}/") and ".." not in rel.split("/") and not rel.startswith("/")
+        assert all(c.isprintable() for c in row["path"]) and all(c.isprintable() for c in row.get("error") or "")
+        assert os.path.normpath(row["path"]).startswith(str(tar) + "/")
+    assert [d.read_bytes() for d in decoys] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["escape.png", "out", "web.tar"]
+    again = encode([tar, "-o", out, "--model", ckpt, "--hash", *BASE])
+    assert again.exit_code == 0, again.output
+    assert len((out / "manifest.jsonl").read_text().splitlines()) == len(rows)

@@ -69,7 +69,8 @@ def look_remote(
 def tar_members(tar: str, pattern: str | None = None) -> Iterable[tuple]:
     """discover's candidates for one WebDataset tar: every whole member but the sidecars, sniffed
     through the tar's file object. A tar that is not one is a row saying so; so is a tar cut short
-    (its whole members are candidates as usual) and the member the cut falls in. A tar missing
+    (its whole members are candidates as usual) and the member the cut falls in, and so is each
+    member it does not read (webdataset.TarIndex.refused). A tar missing
     from a brace `pattern` (img2dataset leaves gaps) is a not_found row, not the run's end."""
     import tarfile
 
@@ -111,6 +112,10 @@ def tar_members(tar: str, pattern: str | None = None) -> Iterable[tuple]:
         if index.cut:
             stamp = remote.head(tar, 0)[1] if remote.is_url(tar) else os.stat(tar).st_mtime_ns
             yield tar, tar, True, None, _whole(tar, f.seek(0, os.SEEK_END), stamp, index.cut, Status.UNREADABLE)
+        for name, size, mtime, reason in index.refused:  # each a row: nothing in a tar vanishes unsaid
+            path = f"{tar}/{name}"
+            yield path, name, True, tar, _whole(path, size, mtime * 1_000_000_000, reason,
+                                                Status.UNSUPPORTED, tar, name)
         if index.partial and not index.partial[0].endswith(webdataset.SIDECARS):
             name, _, held, mtime, size = index.partial
             path = f"{tar}/{name}"

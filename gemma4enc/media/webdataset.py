@@ -57,10 +57,54 @@ class TarIndex(dict):
 
     A tar cut short (a download that stopped) is read up to the cut: `cut` says where it ends and
     why it is taken as cut ("" for a whole tar), `partial` is the member the cut falls in, as
-    (name, offset, bytes the tar holds of it, mtime, its size), or None."""
+    (name, offset, bytes the tar holds of it, mtime, its size), or None. `refused`: the members
+    that are not read, each (the row's member name, size, mtime, why): names that climb out of
+    the tar or hold control characters, links, devices and FIFOs, and a member that a later one
+    of the same name replaces (tar -x keeps the later: it is the one encoded, under the name)."""
 
     cut = ""
     partial: tuple[str, int, int, int, int] | None = None
+
+    def __init__(self):
+        super().__init__()
+        self.refused: list[tuple[str, int, int, str]] = []
+
+
+_KINDS = {"issym": "a symbolic link", "islnk": "a hard link", "ischr": "a character device",
+          "isblk": "a block device", "isfifo": "a FIFO"}
+
+
+def escaped(name: str) -> str:
+    """A member name that cannot be read as a path outside the tar or steer a terminal: control
+    characters, undecodable bytes, '%' and '/' as %XX (so `../x` is one harmless component), and a
+    name of dots only with its dots escaped. Used for refused members' rows and messages."""
+    out = []
+    for c in name:
+        if c.isprintable() and c not in "%/":
+            out.append(c)
+        else:
+            out += [f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape")]
+    text = "".join(out)
+    return text.replace(".", "%2E") if set(text) <= {"."} else text
+
+
+def _refusal(m) -> str | None:
+    """Why member `m` is not read, or None for a regular member with a plain name (folders: "")."""
+    name = m.name
+    parts = name.split("/")
+    if not name or name.startswith("/") or ".." in parts:
+        return f"refused: the member's name '{escaped(name)}' reaches outside the tar (absolute or '..')"
+    if not all(c.isprintable() for c in name):
+        return f"refused: the member's name '{escaped(name)}' holds control characters"
+    if m.isdir():
+        return ""
+    for test, said in _KINDS.items():
+        if getattr(m, test)():
+            target = f" to '{escaped(m.linkname)}'" if m.issym() or m.islnk() else ""
+            return f"unsupported: {said}{target}; gemma4enc reads only a tar's regular members"
+    if not m.isreg():
+        return "unsupported: not a regular member; gemma4enc reads only a tar's regular members"
+    return None
 
 
 def _index(f) -> TarIndex:
@@ -76,7 +120,15 @@ def _index(f) -> TarIndex:
         with tarfile.open(fileobj=f, mode="r:") as t:
             for m in t:
                 last = m
-                if m.isreg():
+                why = _refusal(m)
+                if why:
+                    index.refused.append((escaped(m.name), m.size, int(m.mtime), why))
+                elif why is None:
+                    if m.name in index:  # a later member of the same name replaces it, as in tar -x
+                        offset, size, mtime = index.pop(m.name)
+                        index.refused.append((f"{m.name}@{offset}", size, mtime,
+                                              f"replaced: a later member of the tar has the same name "
+                                              f"(at byte {m.offset_data:,}); that one is encoded under it"))
                     index[m.name] = (m.offset_data, m.size, int(m.mtime))
             f.seek(t.offset)  # where tarfile stopped: the end-of-archive marker, in a whole tar
             whole = f.read(512) == bytes(512)
@@ -86,7 +138,7 @@ def _index(f) -> TarIndex:
         whole = False  # tarfile found the data of `last` (or its padding) cut short
     if whole:
         return index
-    if last is not None and last.isreg() and last.offset_data + last.size > total:
+    if last is not None and last.name in index and last.offset_data + last.size > total:
         held = max(0, total - last.offset_data)
         del index[last.name]
         index.partial = (last.name, last.offset_data, held, int(last.mtime), last.size)
