@@ -16,6 +16,11 @@ import numpy as np
 from .errors import UsageError
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the soft-token budgets Gemma 4's processor knows
+# What one video's sampled frames may hold once patchified: a soft token is 3×3 patches of 16×16 RGB
+# bytes and an int64 (x, y) each. --frames / --max-frames past it are refused (issue 44: a flag
+# of a million frames grew a worker without bound); 8,695 frames at 70 soft tokens, 543 at 1120.
+FRAMES_BYTES_MAX = 4 << 30
+SOFT_TOKEN_BYTES = 3 * 3 * (16 * 16 * 3 + 16)
 DEFAULT_FRAMES = 32  # frames per video, uniform (Gemma4VideoProcessor's default), and the cap with --fps
 NEAREST_SHIFT = (
     0.5  # --seek nearest: seconds a sample may move to a keyframe (a phone's 1 s GOP: every sample)
@@ -220,6 +225,14 @@ class Options:
             or (s.fps is not None and s.fps <= 0)
         ):
             raise UsageError("--frames, --max-frames and --fps must be positive")
+        most = FRAMES_BYTES_MAX // (self.video_tokens * SOFT_TOKEN_BYTES)
+        flag, asked = ("--frames", s.frames) if s.frames is not None else ("--max-frames", s.max_frames)
+        if asked > most:
+            raise UsageError(
+                f"{flag} {asked:,}: a video's sampled frames at --video-soft-tokens {self.video_tokens} "
+                f"would hold {asked * self.video_tokens * SOFT_TOKEN_BYTES / 2**30:,.1f} GiB of patches, past "
+                f"the {FRAMES_BYTES_MAX >> 30} GiB one file may decode to; at most {most:,} frames"
+            )
 
     def _check_numbers(self) -> None:
         if not 0 < self.memory_fraction <= 1:

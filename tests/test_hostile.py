@@ -337,3 +337,78 @@ def test_hostile_tar_members_get_rows_never_paths_outside(pics, ckpt, tmp_path):
     again = encode([tar, "-o", out, "--model", ckpt, "--hash", *BASE])
     assert again.exit_code == 0, again.output
     assert len((out / "manifest.jsonl").read_text().splitlines()) == len(rows)
+
+
+def _whole_16bit(image):
+    """to_rgb's 16-bit rule as it was, over the whole image at once: the banded one must equal it."""
+    import numpy as np
+    from PIL import Image
+
+    raw = np.asarray(image, dtype=np.float64)
+    top = 65535.0 if image.mode.startswith("I;16") or raw.max() > 255 else 255.0
+    array = np.clip(raw * (255.0 / top), 0, 255).round().astype(np.uint8)
+    key = image.info.get("transparency")
+    if isinstance(key, int):
+        array[raw == key] = 255
+    return Image.fromarray(array, "L").convert("RGB")
+
+
+def test_16bit_and_float_images_scale_in_bands_exactly(monkeypatch):
+    """Bands of a few rows (edges crossing every band) give the same bytes as the whole-image
+    float64 rule did, 16-bit with a tRNS key, 32-bit integer and float (NaN left out)."""
+    import numpy as np
+    from PIL import Image
+
+    from gemma4enc.media import image as img
+
+    monkeypatch.setattr(img, "BAND_PIXELS", 7 * 53)  # bands of 7 rows
+    rng = np.random.default_rng(0)
+    wide = rng.integers(0, 65536, (61, 53)).astype(np.uint16)
+    i16 = Image.fromarray(wide)
+    i16.info["transparency"] = int(wide[30, 30])
+    i32 = Image.fromarray(rng.integers(0, 1000, (61, 53)).astype(np.int32), "I")
+    assert np.array_equal(np.asarray(img.to_rgb(i16)), np.asarray(_whole_16bit(i16)))
+    assert np.array_equal(np.asarray(img.to_rgb(i32)), np.asarray(_whole_16bit(i32)))
+    floats = rng.normal(size=(61, 53)).astype(np.float32)
+    floats[3, 3] = np.nan
+    f = Image.fromarray(floats, "F")
+    lo, hi = float(np.nanmin(floats)), float(np.nanmax(floats))
+    want = ((np.asarray(f, dtype=np.float64) - lo) * (255.0 / (hi - lo))).astype(np.uint8)
+    got = np.asarray(img.to_rgb(f))[..., 0]
+    ok = ~np.isnan(floats)
+    assert np.array_equal(got[ok], want[ok])
+
+
+def test_a_huge_16bit_png_decodes_within_its_bound(tmp_path):
+    """A 176 KB 16-bit PNG of 88 M pixels (under the default --max-image-pixels) peaked at 2.4 GB in
+    float64; scaled in bands it stays under 12 bytes a pixel (measured 799 MB, docs/security.md)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from PIL import Image
+
+    a = np.zeros((8000, 11000), np.uint16)
+    a[::7] = 40000
+    png = tmp_path / "big16.png"
+    Image.fromarray(a).save(png)
+    del a
+    code = ("import resource, sys\nfrom gemma4enc.media.image import decode_image\n"
+            "f = decode_image(sys.argv[1], 89_478_485, None)\nassert f.images[0].size == (11000, 8000)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    r = subprocess.run([sys.executable, "-c", code, str(png)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) < 12 * 88_000_000, int(r.stdout) / 1e6
+
+
+@pytest.mark.parametrize("args", [["--frames", "1000000"], ["--fps", "30", "--max-frames", "9000"],
+                                  ["--frames", "600", "--video-soft-tokens", "1120"]])
+def test_frames_past_the_bytes_one_file_may_decode_to_are_refused(pics, tmp_path, args):
+    """--frames 1000000 on a 4.5 MB video grew a worker without bound: refused in one line, exit 2,
+    before anything starts; the cap is in bytes, so it depends on the frames' soft tokens."""
+    r = RUN.invoke(app, ["encode", str(pics), "-o", str(tmp_path / "out"), *args])
+    assert r.exit_code == 2 and "GiB one file may decode to" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+    from gemma4enc.options import Options, Sampling
+
+    Options(model="m", sampling=Sampling(frames=543), video_tokens=1120)  # just under: taken

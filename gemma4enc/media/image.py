@@ -21,24 +21,55 @@ def to_rgb(image: Image.Image) -> Image.Image:
     """Every Pillow mode to RGB on purpose: 16-bit scaled, alpha composited on white."""
     mode = image.mode
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        raw = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if mode.startswith("I;16") or raw.max() > 255 else 255.0
-        array = np.clip(raw * (255.0 / top), 0, 255).round().astype(np.uint8)
+        top = 65535.0 if mode.startswith("I;16") or _extrema(image)[1] > 255 else 255.0
         key = image.info.get("transparency")  # a 16-bit grey PNG's tRNS: that value is transparent
-        if isinstance(key, int):
-            array[raw == key] = 255  # on white
-        return Image.fromarray(array, "L").convert("RGB")
+
+        def grey(raw):
+            array = np.clip(raw * (255.0 / top), 0, 255).round().astype(np.uint8)
+            if isinstance(key, int):
+                array[raw == key] = 255  # on white
+            return array
+
+        return _banded(image, grey).convert("RGB")
     if mode == "F":
-        array = np.asarray(image, dtype=np.float64)
-        lo, hi = float(np.nanmin(array)), float(np.nanmax(array))
+        lo, hi = _extrema(image)
         scale = 255.0 / (hi - lo) if hi > lo else 0.0
-        return Image.fromarray(((array - lo) * scale).astype(np.uint8), "L").convert("RGB")
+        return _banded(image, lambda array: ((array - lo) * scale).astype(np.uint8)).convert("RGB")
     # transformers' convert_to_rgb: an alpha band, or a colour key (a PNG's tRNS on RGB, grey or a
     # palette: info["transparency"]), makes RGBA, composited on white; "La"/"RGBa" carry neither
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, image.convert("RGBA")).convert("RGB")
     return image.convert("RGB") if mode != "RGB" else image
+
+
+# 16-bit and float images are scaled in float64 a band of rows at a time: whole, an 88 M-pixel
+# 16-bit PNG held ~2.4 GB of float64 temporaries (issue 44); banded, its decode holds the image,
+# its 8-bit copy and one band (BAND_PIXELS float64s, a few times over)
+BAND_PIXELS = 1 << 20
+
+
+def _bands(image: Image.Image):
+    rows = max(1, BAND_PIXELS // max(1, image.width))
+    for top in range(0, image.height, rows):
+        yield top, np.asarray(image.crop((0, top, image.width, min(image.height, top + rows))), dtype=np.float64)
+
+
+def _extrema(image: Image.Image) -> tuple[float, float]:
+    """(min, max) over the image's values, NaN left out, a band at a time."""
+    lo, hi = np.inf, -np.inf
+    for _, band in _bands(image):
+        if band.size and not np.isnan(band).all():
+            lo, hi = min(lo, float(np.nanmin(band))), max(hi, float(np.nanmax(band)))
+    return (lo, hi) if lo <= hi else (np.nan, np.nan)
+
+
+def _banded(image: Image.Image, convert) -> Image.Image:
+    """An "L" image whose rows are convert(float64 band) of `image`'s, made a band at a time."""
+    out = np.empty((image.height, image.width), np.uint8)
+    for top, band in _bands(image):
+        out[top : top + len(band)] = convert(band)
+    return Image.fromarray(out, "L")
 
 
 @functools.cache
