@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..media.sources import exists
-from .files import atomic_write, line_of
+from .files import atomic_write, bounded_lines, line_of, own_opener
 from .ledger import Ledger
 from .names import LOCAL_NAME, SHARD_RE, not_an_output
 
@@ -33,9 +33,9 @@ def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
     live = ledger.live_offsets()
 
     def write(tmp: Path) -> None:
-        with open(ledger.path, "rb") as src, open(tmp, "wb") as dst:
+        with open(ledger.path, "rb", opener=own_opener) as src, open(tmp, "wb") as dst:
             offset, at = 0, 0
-            for line in src:
+            for line, size, _ in bounded_lines(src):  # a line past LINE_MAX is no live row
                 if offset >= ledger.end:
                     break  # a torn tail; under the lock nothing else is appended
                 if at < len(live) and offset == live[at]:
@@ -44,7 +44,7 @@ def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
                         dst.write(line_of(json.loads(line) | moved[offset]))
                     elif offset not in gone:
                         dst.write(line)
-                offset += len(line)
+                offset += size
 
     before = ledger.lines
     atomic_write(ledger.path, write)

@@ -86,6 +86,29 @@ def append_rows(out: Path, rows: list) -> None:
         os.fsync(f.fileno())
 
 
+# A manifest line longer than this is no row gemma4enc wrote (a video's row of 8,695 frames is
+# ~0.3 MB): it is counted unreadable and read through in chunks, never held (an 800 MB line cost
+# 2.5 GB when it was parsed, issue 44)
+LINE_MAX = 16 << 20
+
+
+def bounded_lines(f):
+    """(line, its length, whole) of each line from f's position on: `line` is None for a line past
+    LINE_MAX (skipped, not held); whole is False for a last line without its newline (a torn tail)."""
+    while True:
+        line = f.readline(LINE_MAX + 1)
+        if not line:
+            return
+        if line.endswith(b"\n") or len(line) <= LINE_MAX:
+            yield line, len(line), line.endswith(b"\n")
+            continue
+        size, chunk = len(line), line
+        while chunk and not chunk.endswith(b"\n"):
+            chunk = f.readline(1 << 20)
+            size += len(chunk)
+        yield None, size, chunk.endswith(b"\n")
+
+
 def line_of(row) -> bytes:
     """A Row (or a row's dict) as one manifest line."""
     if hasattr(row, "to_json"):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..rows import Status
-from .files import MANIFEST, own_opener
+from .files import MANIFEST, bounded_lines, own_opener
 
 
 class Entry(NamedTuple):
@@ -125,11 +125,15 @@ class Ledger:
         offset = start
         with self._open() as f:
             f.seek(start)
-            for line in f:
-                if not line.endswith(b"\n"):
+            for line, size, whole in bounded_lines(f):
+                if not whole:
                     break  # a torn last line (a killed run's); repair() truncates it, the file is redone
-                self._add(line, offset)
-                offset += len(line)
+                if line is None:  # too long to be a row: never held
+                    self.lines += 1
+                    self.unreadable += 1
+                else:
+                    self._add(line, offset)
+                offset += size
         self.end = offset
         self._live = self._counts = None
 

@@ -38,7 +38,7 @@ from ..errors import UsageError
 from ..rows import Status
 from . import ann
 from .vecfile import VectorFile
-from .files import atomic_write, own_opener
+from .files import atomic_write, bounded_lines, own_opener
 from .names import MANIFEST, not_an_output, temp_name
 from .opening import as_out
 from .out import Out
@@ -331,19 +331,21 @@ def _finish(folder: Path, out: Out, rows: np.ndarray, dim: int, end: int, ino: i
 
 def _append(out: Out, folder: Path, meta: dict, log) -> None:
     """The rows appended to the manifest since: superseded ids dead, ok rows' vectors added."""
-    with open(out.path(MANIFEST), "rb") as f:
-        f.seek(meta["end"])
-        data = f.read()
-    data = data[: data.rfind(b"\n") + 1]
     latest: dict[str, dict] = {}
-    for line in data.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("path"), str):
-            latest.pop(row["path"], None)
-            latest[row["path"]] = row  # later rows replace earlier ones, and come later
+    read = 0  # bytes of whole lines past meta["end"]
+    with open(out.path(MANIFEST), "rb", opener=own_opener) as f:
+        f.seek(meta["end"])
+        for line, size, whole in bounded_lines(f):  # a line past LINE_MAX is no row: never held
+            if not whole:
+                break  # a torn tail
+            read += size
+            try:
+                row = json.loads(line) if line is not None else None
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("path"), str):
+                latest.pop(row["path"], None)
+                latest[row["path"]] = row  # later rows replace earlier ones, and come later
     cache = _load(folder)
     rows = cache.rows.copy()
     for path in latest:
@@ -364,7 +366,7 @@ def _append(out: Out, folder: Path, meta: dict, log) -> None:
             index.add(unit16(vectors).astype(np.float32))
     rows = writer.close()
     ino = os.stat(out.path(MANIFEST)).st_ino
-    _finish(folder, out, rows, dim, meta["end"] + len(data), ino, meta["spec"], index)
+    _finish(folder, out, rows, dim, meta["end"] + read, ino, meta["spec"], index)
 
 
 def _new_vectors(out: Out, new: list[dict], dim: int):

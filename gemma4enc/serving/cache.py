@@ -100,6 +100,9 @@ class Source:
         return sorted(n for n in names if _PART.match(n))
 
 
+LINE_MAX = 16 << 20  # as output/files.py's: a manifest line past it is not a row
+
+
 def manifest_rows(source: Source) -> list[dict]:
     """Every row, in order: the base then the parts; from the last `~compacted` part on where one is
     (it holds the whole manifest while a compaction replaces the base: docs/remote.md)."""
@@ -109,8 +112,8 @@ def manifest_rows(source: Source) -> list[dict]:
     texts += [source.read(f"{PARTS}/{n}") or b"" for n in parts[compacted[-1] if compacted else 0 :]]
     rows = []
     for text in texts:
-        for line in text.decode().splitlines():
-            if line.strip():
+        for line in text.decode("utf-8", "surrogateescape").splitlines():
+            if line.strip() and len(line) <= LINE_MAX:  # longer: no row gemma4enc wrote, never parsed
                 try:
                     rows.append(json.loads(line))
                 except ValueError:  # a torn last line of a killed run: the row was never there
