@@ -439,3 +439,32 @@ def test_a_huge_manifest_line_is_read_with_a_bound(made, tmp_path):
         assert peak < 400_000_000, (args, peak / 1e6)
     assert RUN.invoke(app, ["compact", str(out)]).exit_code == 0
     assert (out / "manifest.jsonl").read_bytes() == rows  # the line is gone, every row kept
+
+
+def test_a_stale_lock_is_not_a_live_run_and_a_held_one_prints_plain(made, pics, tmp_path):
+    """A lock file naming a live pid (pid 1) that no process holds was reported as a live run; the
+    flock decides now. A held one is described, its hostile text (escape codes, a list) made plain."""
+    import socket
+    import subprocess
+    import sys
+
+    out = copy_out(made, tmp_path / "out")
+    lock = out / "gemma4enc.lock"
+    lock.write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "started": "now"}))
+    r = RUN.invoke(app, ["inspect", str(out), "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["running"] is None, r.output
+    lock.write_text("[1, 2]")  # not an object: no crash
+    assert RUN.invoke(app, ["inspect", str(out), "--json"]).exit_code == 0
+    lock.write_text(json.dumps({"pid": 1, "host": "h\x1b[2J\x07", "started": "x" * 1_000}))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\ntime.sleep(60)"), str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        said = json.loads(RUN.invoke(app, ["inspect", str(out), "--json"]).output)["running"]
+        assert said.startswith("pid 1 on h?[2J?, since xxx") and said.isprintable() and len(said) < 200, said
+        r = encode([pics, "-o", out])
+        assert r.exit_code == 2 and "in use by another gemma4enc run" in r.output and "\x1b" not in r.output
+    finally:
+        holder.kill()
+        holder.wait()

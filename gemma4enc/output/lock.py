@@ -81,33 +81,53 @@ class Lock:
 
 
 def _read_json(fd: int) -> dict:
+    """The holder a lock file names: its first 4 KiB as a JSON object, or {} (a hostile or torn one)."""
+    return _holder(os.pread(fd, 4096, 0))
+
+
+def _holder(body: bytes) -> dict:
     try:
-        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+        holder = json.loads(body[:4096] or b"{}")
     except ValueError:
         return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 def describe(holder: dict) -> str:
-    return (
-        f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
-    )
+    """pid, host and start of a holder, as printable text (a lock file is input: no escape codes)."""
+    said = [str(holder.get(k, "?"))[:64] for k in ("pid", "host", "started")]
+    said = ["".join(c if c.isprintable() else "?" for c in s) for s in said]
+    return f"pid {said[0]} on {said[1]}, since {said[2]}"
 
 
 def running(out: Path) -> str | None:
-    """The run holding OUT's lock, described, or None (the lock file of a killed run does not count)."""
+    """The run holding OUT's lock, described, or None. The flock decides where the filesystem has
+    one: a lock file nobody holds is a killed run's, whatever pid it names (a pid the system has
+    since given to another process made it look live); elsewhere the pid, as holding() says."""
+    import fcntl
+
     try:
-        return holding((Path(out) / LOCK).read_bytes())
-    except OSError:
+        fd = own_opener(Path(out) / LOCK, os.O_RDONLY)  # never through a link, never a FIFO
+    except (OSError, UsageError):
         return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return describe(_read_json(fd))  # held: a live run
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                return None
+            return holding(os.pread(fd, 4096, 0))
+        return None  # nobody holds it
+    finally:
+        os.close(fd)
 
 
 def holding(body: bytes) -> str | None:
     """A lock file's body → the run it names, described; None where that run is gone from this host."""
-    try:
-        holder = json.loads(body or b"{}")
-    except ValueError:
-        return None
-    if holder.get("host") == socket.gethostname() and not alive(holder.get("pid")):
+    holder = _holder(body)
+    if not holder or holder.get("host") == socket.gethostname() and not alive(holder.get("pid")):
         return None
     return describe(holder)
 
@@ -115,6 +135,6 @@ def holding(body: bytes) -> str | None:
 def alive(pid) -> bool:
     try:
         os.kill(int(pid), 0)
-    except (OSError, TypeError, ValueError) as e:
+    except (OSError, TypeError, ValueError, OverflowError) as e:
         return isinstance(e, PermissionError)
     return True
