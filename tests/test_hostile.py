@@ -468,3 +468,32 @@ def test_a_stale_lock_is_not_a_live_run_and_a_held_one_prints_plain(made, pics, 
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_vllm_export_takes_the_umask_and_never_writes_through_a_link(made, tmp_path):
+    """export --to vllm wrote every file 0600 whatever the umask, through guessable temp names; now
+    its files take the umask (0644 under 022), and a key folder planted as a link out of DEST (a
+    handed-over export, --overwrite) is refused, its target untouched."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        dest = tmp_path / "vllm"
+        assert RUN.invoke(app, ["export", str(made), str(dest), "--to", "vllm"]).exit_code == 0
+        files = [p for p in dest.rglob("*") if p.is_file()]
+        assert files and {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o644}
+        key = next(p for p in dest.iterdir() if p.is_dir())
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        keep = decoy(elsewhere, "encoder_cache.safetensors")
+        before = keep.read_bytes()
+        import shutil
+
+        shutil.rmtree(key)
+        os.symlink(elsewhere, key)
+        r = RUN.invoke(app, ["export", str(made), str(dest), "--to", "vllm", "--overwrite"])
+        no_crash(r)
+        assert r.exit_code == 2 and "symbolic link" in r.output, r.output
+        assert keep.read_bytes() == before and sorted(p.name for p in elsewhere.iterdir()) == [keep.name]
+    finally:
+        os.umask(old)

@@ -45,7 +45,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 @functools.cache
-def _umask() -> int:
+def umask() -> int:
     """The process's umask, read without changing it (/proc), at the first write rather than at
     import; where /proc has no Umask line, set and put back at once."""
     try:
@@ -64,7 +64,7 @@ def atomic_write(path: Path, write) -> None:
     tmp = path.with_name(temp_name(path.name))
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # safetensors writes 0600; others may need to read the shards
+        os.chmod(tmp, 0o666 & ~umask())  # safetensors writes 0600; others may need to read the shards
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import SAVED, OutputError, UsageError, reason
 from .lock import LOCK, alive, describe
+from .names import temp_name
 
 TRIES = 8  # attempts per request (backoff 0.25 s doubling to 8 s: 24 s of waits in all)
 RETRY_S = 45.0  # and no retry starts past this many seconds from a request's first attempt
@@ -117,7 +118,7 @@ class Store:
 
     def download(self, name: str, local: Path) -> None:
         """An object into `local`, through a temp name: a dropped download leaves no half file."""
-        tmp = local.with_name(f".gemma4enc-{local.name}.{os.getpid()}.tmp")
+        tmp = local.with_name(temp_name(local.name))  # unguessable: no link planted for it is followed
         try:
             self._retried(f"download {name}", self.fs.get_file, self.key(name), str(tmp))
             os.replace(tmp, local)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from .._version import __version__
 from ..errors import OutputError, UsageError, reason
+from ..output.files import umask
+from ..output.names import temp_name
 from .cache import CACHE_FILE, KEY_RE, TENSOR, OutCache
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -52,9 +54,12 @@ def _clear(dest: Path, overwrite: bool) -> None:
 
 
 def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".gemma4enc-{path.name}.{os.getpid()}.tmp")
+    """write(tmp), renamed over `path`: the temp name cannot be guessed (no link planted for it is
+    written through) and the file gets the umask's mode, as a shard does (safetensors writes 0600)."""
+    tmp = path.with_name(temp_name(path.name))
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -92,6 +97,8 @@ def export_vllm(out: str, dest, dtype: str = "float32", overwrite: bool = False)
         for path, entry in sorted(cache.by_path.items()):
             folder = dest / entry.key
             folder.mkdir(exist_ok=True)
+            if folder.is_symlink():  # a handed-over DEST: never write through a link out of it
+                raise UsageError(f"{folder} is a symbolic link: an export writes only its own folders")
             tokens = cache.tokens(entry.key).to(torch_dtype).contiguous()
             _write_atomic(folder / CACHE_FILE, lambda tmp, t=tokens: save_file({TENSOR: t}, str(tmp)))
             row = {"path": path, "key": entry.key}

@@ -29,9 +29,12 @@ def repo_folder(repo_id: str) -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    tmp = _temp_beside(path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def remember(repo_id: str, revision: str, commit: str) -> None:
@@ -97,3 +100,13 @@ def found_record(repo_id: str, root: Path, commit: str | None) -> dict:
     )
     # the folder where it is now: a cache copied to another machine or path has moved
     return {**record, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}
+
+
+def _temp_beside(path: Path) -> Path:
+    """A new temp file in `path`'s folder (mkstemp: a random name, O_EXCL), so no link planted for a
+    predictable name is written through."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(name)

@@ -185,9 +185,12 @@ class RangeProgress:
             self.save()
 
     def save(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"plan": self.plan.key, "done": self.done}))
-        os.replace(tmp, self.path)
+        tmp = _temp_beside(self.path)
+        try:
+            tmp.write_text(json.dumps({"plan": self.plan.key, "done": self.done}))
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
         self.unsaved = 0
         if time.monotonic() - self.said >= PROGRESS_SECONDS and self.missing:
             self.said = time.monotonic()
@@ -307,3 +310,13 @@ def _verify(part: Path, plan: RangePlan) -> None:
         keys = list(f.keys())
     if len(keys) != plan.tensors or part.stat().st_size != len(plan.header) + plan.vision_bytes:
         raise UsageError(f"{part}: the written file does not match its plan; remove it and run again")
+
+
+def _temp_beside(path: Path) -> Path:
+    """A new temp file in `path`'s folder (mkstemp: a random name, O_EXCL), so no link planted for a
+    predictable name is written through."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(name)
