@@ -398,3 +398,23 @@ def test_a_killed_driver_resumes_on_ray_to_the_same_result(media, ckpt, local, t
     same_tokens(shard_tokens(out)[1], local)
     report = verify(out)
     assert report["ok"] and not report["warnings"], report
+
+
+def test_the_private_rays_folder_is_reached_by_no_other_user():
+    """Ray makes its temp folder 0777 without the sticky bit (any local user could replace its
+    sockets and session files); the private Ray's lives inside a 0700 folder of gemma4enc's, so no
+    folder on the way to it is open to other users, and it is gone afterwards."""
+    import stat
+    import tempfile
+
+    from gemma4enc.run.ray.cluster import _connected
+
+    with _connected(None) as ray:
+        session = Path(ray._private.worker._global_node.get_session_dir_path())
+        top = Path(tempfile.gettempdir())
+        chain = [p for p in [session, *session.parents] if p != top and top in p.parents]
+        modes = {p: stat.S_IMODE(p.stat().st_mode) for p in chain}
+        ours = [p for p in chain if p.name.startswith("g4e-ray-")]
+        assert len(ours) == 1 and modes[ours[0]] == 0o700, modes
+        assert all(m & 0o022 == 0 or m & stat.S_ISVTX for p, m in modes.items() if p in ours[0].parents or p == ours[0])
+    assert not ours[0].exists()

@@ -158,7 +158,9 @@ def _connected(address: str | None):
     if address is None:  # also when Ray was imported before the environment was set (a notebook, a test)
         ray_constants.ENABLE_RAY_CLUSTER = False
     logging.getLogger("ray").setLevel(logging.ERROR)
-    # short: Ray's sockets live in it; named with this process's id so a sweep can tell a dead one's
+    # short: Ray's sockets live in it; named with this process's id so a sweep can tell a dead one's.
+    # Ray makes its temp folder 0777 without the sticky bit: it gets one inside ours (0700), so no
+    # other user of the machine can reach Ray's sockets, logs or session files
     temp = temp_folder("g4e-ray") if address is None else None
     try:
         with contextlib.redirect_stdout(sys.stderr):  # Ray prints worker deaths on stdout, which is --json's
@@ -168,7 +170,7 @@ def _connected(address: str | None):
                         address="local",
                         include_dashboard=False,
                         object_store_memory=256 << 20,
-                        _temp_dir=temp,
+                        _temp_dir=os.path.join(temp, "ray"),
                         log_to_driver=False,
                         logging_level=logging.ERROR,
                     )
