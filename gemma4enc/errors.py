@@ -15,6 +15,23 @@ def redact(text: str) -> str:
     return _USERINFO.sub(r"\1***@", text)
 
 
+def shown(text: str) -> str:
+    """`text` safe to show a person: a name's control characters (escape codes that would drive the
+    terminal, a bell, bidirectional overrides) as \\xNN or \\uNNNN, and bytes that are not UTF-8 (lone
+    surrogates, as Python reads such names) as \\xNN; line breaks and tabs of the message kept."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c.isprintable() or c in "\n\t":
+            out.append(c)
+        elif "\udc80" <= c <= "\udcff":
+            out.append(f"\\x{ord(c) - 0xDC00:02x}")
+        else:
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+    return "".join(out)
+
+
 def no_credentials(url: str, what: str) -> None:
     """Refuse a URL that carries credentials (they would land in OUT's manifest, its exports and
     every message): one line, exit 2, the secret not echoed."""

@@ -14,7 +14,7 @@ import pytest
 
 from gemma4enc.commands.cli import app
 
-from .helpers import BASE, RUN, encode, photo
+from .helpers import BASE, RUN, encode, flags, photo
 
 OWN = ["manifest.jsonl", "gemma4enc.lock", "search-index.json", "search-index.vectors",
        "search-index.paths", "search-index.lock"]
@@ -497,3 +497,45 @@ def test_a_vllm_export_takes_the_umask_and_never_writes_through_a_link(made, tmp
         assert keep.read_bytes() == before and sorted(p.name for p in elsewhere.iterdir()) == [keep.name]
     finally:
         os.umask(old)
+
+
+def test_escape_codes_in_names_never_reach_a_terminal_and_pipes_get_the_real_name(pics, ckpt, tmp_path):
+    """A file named with a terminal's escape codes (retitle the window, clear the screen): on a
+    terminal search's hits and inspect's lines show them escaped, every message on stderr does, and
+    through a pipe the hit is the exact path (it lost its `ESC[2J` before, as click strips ANSI)."""
+    import pty
+    import subprocess
+    import sys
+
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "p0.png").write_bytes((pics / "p0.png").read_bytes())
+    evil = "x\x1b]0;PWNED\x07\x1b[2J.png"
+    (media / evil).write_bytes((pics / "p0.png").read_bytes())
+    (media / "bad\x1b[31m.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "gemma4enc"]
+    r = subprocess.run([*cli, "encode", str(media), "-o", str(out), "--model", str(ckpt),
+                        *flags(json=False, quiet=False)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and "\x1b" not in r.stderr and "bad\\x1b[31m.png" in r.stderr, r.stderr
+    piped = subprocess.run([*cli, "search", str(out), str(media / "p0.png"), "-k", "2"],
+                           capture_output=True, text=True, timeout=300)
+    assert f"{media}/{evil}" in piped.stdout.splitlines()[1], piped.stdout  # exact, for a script
+    for args in (["search", str(out), str(media / "p0.png"), "-k", "2"], ["inspect", str(out)]):
+        leader, follower = pty.openpty()
+        p = subprocess.Popen([*cli, *args], stdout=follower, stderr=follower, stdin=subprocess.DEVNULL)
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed its end
+                break
+            if not chunk:
+                break
+            seen += chunk
+        os.close(leader)
+        assert p.wait(timeout=300) in (0, 1)
+        text = seen.decode()
+        assert "\x1b" not in text and "\x07" not in text, repr(text)
+        assert "x\\x1b]0;PWNED\\x07\\x1b[2J.png" in text or "bad\\x1b[31m.png" in text, text

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
-from ..errors import OutputError, TooManyFailures, UsageError, redact
+from ..errors import OutputError, TooManyFailures, UsageError, redact, shown
 from ..options import Options
 
 DEFAULT = Options()  # every default below is read from here: one place for each
@@ -140,7 +140,7 @@ def ended(e: BaseException, command: str, wants_json: bool) -> int:
         _silence(sys.stdout)
         return 141  # as a tool that SIGPIPE ends
     code, kind, message = exit_for(e, command)
-    message = redact(message)  # no credentials in any last word (docs/security.md)
+    message = shown(redact(message))  # no credentials, no escape codes from a name (docs/security.md)
     if code == EXIT_BUG and os.environ.get(DEBUG) == "1":
         traceback.print_exc()
     _say(lambda: typer.echo(f"gemma4enc: {kind}" + (f": {message}" if message else ""), err=True))

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .quick import echo
+
 from ..errors import UsageError
 from ..options import Options, parse_size
 from ..output.opening import open_out, reading
@@ -27,7 +29,7 @@ def inspect(out: OutFolder, json_out: Json = False):
     else:
         from .log import report_lines
 
-        typer.echo("\n".join(report_lines(report)))
+        echo("\n".join(report_lines(report)))  # names escaped on a terminal
 
 
 @command()
@@ -57,19 +59,16 @@ def verify(
             report = check(o) | {"out": str(out), "repaired": repaired}
     if json_out:
         typer.echo(json.dumps(report, indent=2))
-    elif quiet:
-        for line in report["problems"]:
-            typer.echo(f"problem: {line}")
     else:
-        typer.echo(
-            f"{report['out']}: {report['files']} files, {report['encoded']} encoded in {report['shards']} "
-            f"shards, {report['tokens_checked']:,} tokens checked"
-        )
+        if not quiet:
+            echo(f"{report['out']}: {report['files']} files, {report['encoded']} encoded in {report['shards']} "
+                 f"shards, {report['tokens_checked']:,} tokens checked")
         for line in report["problems"]:
-            typer.echo(f"problem: {line}")
-        for line in report["warnings"]:
-            typer.echo(f"warning: {line}")
-        typer.echo("ok" if report["ok"] else f"{len(report['problems'])} problem(s)")
+            echo(f"problem: {line}")
+        for line in [] if quiet else report["warnings"]:
+            echo(f"warning: {line}")
+        if not quiet:
+            echo("ok" if report["ok"] else f"{len(report['problems'])} problem(s)")
     raise typer.Exit(0 if report["ok"] else 1)
 
 
@@ -199,7 +198,7 @@ def export(
                        if report["changed"] else "")
             typer.echo(f"{report['dir']}: {report['rows']:,} files, vllm, {report['dtype']}{unkeyed}{changed}")
         for warning in report["warnings"]:
-            typer.echo(f"gemma4enc: warning: {warning}", err=True)
+            echo(f"gemma4enc: warning: {warning}", err=True)
         return
     dtype = dtype or "float16"
 
@@ -322,7 +321,7 @@ def search(
     from ..run.search import duplicates, query_files
     from .quick import answer
 
-    say = (lambda m: None) if quiet else (lambda m: typer.echo(f"gemma4enc: {m}", err=True))
+    say = (lambda m: None) if quiet else (lambda m: echo(f"gemma4enc: {m}", err=True))
     if undo_moves is not None:
         report = drop.undo(undo_moves, say)
         typer.echo(json.dumps(report, indent=2) if json_out else f"{report['put_back']} file(s) put back")

@@ -11,7 +11,7 @@ import logging
 import sys
 import time
 
-from ..errors import redact
+from ..errors import redact, shown
 
 
 class Sink:
@@ -29,7 +29,7 @@ class Sink:
     def __call__(self, text: str, stamp: bool = False, error: bool = False, screen: bool = True) -> None:
         """One line; errors reach stderr even when quiet; screen=False: the log file only."""
         now = time.strftime("%Y-%m-%d %H:%M:%S")
-        text = redact(text)  # no credentials in a message or the log (docs/security.md)
+        text = shown(redact(text))  # no credentials, no escape codes from a name (docs/security.md)
         if error or (screen and not self.quiet):
             print(f"{now} {text}" if stamp else text, file=sys.stderr, flush=True)
         if self.file:

@@ -13,7 +13,6 @@ command runs (`answer`), and its errors end as the command's do (app.ended).
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 VALUED = {"-k": "k", "--top": "k", "--files-from": "files_from"}
@@ -74,16 +73,17 @@ def run(argv: list[str]) -> int | None:
 
 
 def echo(text: str, err: bool = False) -> None:
-    """typer.echo's line without importing Typer: flushed, ANSI codes stripped where the stream is
-    not a terminal, as click does (so both paths print the same bytes)."""
+    """One line of ours, flushed, without importing Typer. Names in it are shown escaped on a terminal
+    and in every message on stderr (errors.shown: a file name's escape codes never drive a terminal);
+    on stdout into a pipe they are written exactly, so a script gets the real path (click's echo would
+    strip what looks like an ANSI code out of a name)."""
+    from ..errors import shown
+
     stream = sys.stderr if err else sys.stdout
-    if not stream.isatty():
-        text = _ANSI.sub("", text)
+    if err or stream.isatty():
+        text = shown(text)
     stream.write(text + "\n")
     stream.flush()
-
-
-_ANSI = re.compile(r"\033\[[;?0-9]*[a-zA-Z]")  # click's _ansi_re
 
 
 def answer(out: str, wanted: list[str], k: int, device: str, json_out: bool, quiet: bool) -> int:

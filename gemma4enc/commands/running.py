@@ -10,6 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .quick import echo
+
 from ..errors import UsageError
 from ..options import Options, format_size, parse_size
 from .app import DEFAULT, EPILOG, command, exit_for
@@ -273,7 +275,7 @@ def plan(
     )
     options, notes = Options.resume(saved, flags, _given(ctx), where=shown)
     for note in notes:
-        typer.echo(f"gemma4enc: {note}", err=True)
+        echo(f"gemma4enc: {note}", err=True)
     recorded_model = model is None and saved and "model" in saved and "hidden_size" not in _given(ctx)
     if recorded_model:
         model, revision = saved["model"], saved.get("revision")  # the width OUT's model projects to
@@ -284,7 +286,7 @@ def plan(
         ):  # URLs and brace patterns: discover checks them
             found.append(root)
         else:
-            typer.echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
+            echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
     unchanged = Unchanged(ledger, Options()) if ledger else None  # as a run without --hash decides
     items, skipped = discover(
         found,
@@ -307,7 +309,7 @@ def plan(
         except UsageError as e:
             if not recorded_model:
                 raise
-            typer.echo(f"gemma4enc: warning: {e}; planned with --hidden-size {hidden_size}", err=True)
+            echo(f"gemma4enc: warning: {e}; planned with --hidden-size {hidden_size}", err=True)
     from .report import plan_report
 
     report = plan_report(todo, options, hidden_size)
@@ -319,7 +321,7 @@ def plan(
     else:
         from .log import report_lines
 
-        typer.echo("\n".join(report_lines(report)))
+        echo("\n".join(report_lines(report)))  # names escaped on a terminal
 
 
 def _not_done(items, ledger) -> list:
@@ -347,7 +349,7 @@ def demo(
     folder = local_path(folder, "demo's FOLDER")
 
     ckpt, media = make_demo(folder)
-    typer.echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)
+    echo(f"checkpoint: {ckpt}\nmedia: {media}", err=True)
     encode(
         roots=[str(media)],
         out=folder / "embeddings",

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .quick import echo
+
 from ..errors import UsageError
 from .app import command
 from .flags import Device, Dtype, Json, MaxPatches, Workers, local_path
@@ -125,7 +127,7 @@ def fetch(
 
     if model.count("/") != 1 or model.startswith((".", "/", "~")) or Path(model).expanduser().exists():
         raise UsageError(f"{model}: not a hub id like 'org/name' (a local folder needs no fetch)")
-    report = fetch_vision(model, revision, log=lambda m: typer.echo(f"gemma4enc: {m}", err=True), fetching=True)
+    report = fetch_vision(model, revision, log=lambda m: echo(f"gemma4enc: {m}", err=True), fetching=True)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
         return
