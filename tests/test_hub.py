@@ -340,3 +340,27 @@ def test_a_hub_without_the_model_api_is_resolved_from_the_files(serve, sharded):
         missing = RUN.invoke(app, ["fetch", "acme/missing"])
     assert_same(fetched_tensors(Path(report["folder"])), original)
     assert missing.exit_code == 2 and "RepositoryNotFoundError" in missing.stderr, missing.output
+
+
+def test_search_never_fetches_the_model_a_handed_over_outs_settings_name(serve, sharded, tmp_path):
+    """A handed-over OUT whose settings.json names a hub model: `search OUT NEWFILE` fetched it at
+    the OUT's word (any size, anyone's). It takes the caches only, refusing in one line that says
+    why; once the user fetches the model, the same search answers."""
+    media = tmp_path / "media"
+    media.mkdir()
+    for i, (h, w) in enumerate([(64, 96), (80, 80)]):
+        photo(h, w, seed=i).save(media / f"p{i}.png")
+    out = tmp_path / "out"
+    assert encode([media, "-o", out, "--model", sharded, *BASE]).exit_code == 0
+    settings = json.loads((out / "settings.json").read_text())
+    (out / "settings.json").write_text(json.dumps(settings | {"model": REPO}))
+    photo(70, 70, seed=7).save(tmp_path / "new.png")
+    with serve() as server:
+        r = RUN.invoke(app, ["search", str(out), str(tmp_path / "new.png"), "-q"])
+        assert r.exit_code == 2 and "does not fetch a model that an OUT's settings.json names" in r.output, r.output
+        assert not [q for q in server.requests if REPO in q[1]], server.requests  # not even asked
+        fetched = RUN.invoke(app, ["fetch", REPO, "--json"])  # the user's own choice
+        assert fetched.exit_code == 0, fetched.output
+        r = RUN.invoke(app, ["search", str(out), str(tmp_path / "new.png"), "--json"])
+        assert r.exit_code == 0, r.output
+        assert len(json.loads(r.stdout)["results"][0]["hits"]) == 2

@@ -203,7 +203,13 @@ def encode_files(out: Out, paths: list[str], device: str, bar, log) -> dict:
         )
     options, _ = Options.resume(saved, {"device": device, "workers": 0})  # OUT's own settings, every one
     items, _ = discover(paths)
-    with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp:
+    from ..model.hub import cache_only
+
+    # the model is the one OUT's settings.json names, and OUT may be someone else's: a hub id is
+    # taken from the caches only, never fetched at their word (docs/security.md)
+    why = (f"search does not fetch a model that an OUT's {SETTINGS} names ({out}: it may be someone "
+           "else's; docs/security.md)")
+    with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp, cache_only(why):
         run(items, Path(tmp) / "out", options, bar=bar or _NoBar, log=log)
         emb = NumpyEmbeddings(Path(tmp) / "out")
         found = {rec.row["path"]: rec.pooled for rec in records(emb)}

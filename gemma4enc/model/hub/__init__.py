@@ -17,4 +17,4 @@ subpackage's own API); what the rest of the package may use is imported here.
 """
 
 from .cache import cache_root, repo_folder  # noqa: F401 - the subpackage's face
-from .fetch import config_file, fetch, hub_files  # noqa: F401
+from .fetch import cache_only, config_file, fetch, hub_files  # noqa: F401

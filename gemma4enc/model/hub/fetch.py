@@ -3,6 +3,7 @@ tensors' bytes (ranges.py), into the cache (cache.py); offline, what the cache h
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -95,16 +96,30 @@ def config_file(repo_id: str, revision: str | None = None) -> Path:
                 repo_id,
                 "config.json",
                 revision=revision,
-                local_files_only=offline() or not host_resolves(),
+                local_files_only=bool(_CACHE_ONLY) or offline() or not host_resolves(),
             )
         )
     except LocalEntryNotFoundError:
-        raise UsageError(
-            f"{repo_id}: its config.json is not in the cache and the hub cannot be reached "
-            f"(HF_HUB_OFFLINE, or {hub_host()} does not resolve)"
-        ) from None
+        why = _CACHE_ONLY[-1] if _CACHE_ONLY else f"the hub cannot be reached (HF_HUB_OFFLINE, or {hub_host()} does not resolve)"
+        raise UsageError(f"{repo_id}: its config.json is not in the cache and {why}") from None
     except HfHubHTTPError as e:
         raise hub_error(repo_id, e) from None
+
+
+# set while a model named by something the user did not choose is looked for (search FILE: the model
+# a handed-over OUT's settings.json names): the cache only, never the hub; the text says why
+_CACHE_ONLY: list[str] = []
+
+
+@contextlib.contextmanager
+def cache_only(why: str):
+    """Within it, a hub id is found in the caches or refused in one line with `why`: never fetched.
+    A module-level flag, not a context variable: the model may load in another thread."""
+    _CACHE_ONLY.append(why)
+    try:
+        yield
+    finally:
+        _CACHE_ONLY.pop()
 
 
 def fetch(repo_id: str, revision: str | None = None, log: Log = say, fetching: bool = False) -> dict:
@@ -116,6 +131,8 @@ def fetch(repo_id: str, revision: str | None = None, log: Log = say, fetching: b
     pinned = repo_folder(repo_id) / revision if revision and COMMIT.fullmatch(revision) else None
     if pinned and (pinned / FETCHED).is_file():  # a commit never changes: no need to ask the hub
         return found_record(repo_id, pinned, revision)
+    if _CACHE_ONLY:
+        return found_record(repo_id, *offline_folder(repo_id, revision, _CACHE_ONLY[-1], fetching))
     if offline():
         why = "HF_HUB_OFFLINE is set"
         return found_record(repo_id, *offline_folder(repo_id, revision, why, fetching))
