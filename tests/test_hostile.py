@@ -539,3 +539,19 @@ def test_escape_codes_in_names_never_reach_a_terminal_and_pipes_get_the_real_nam
         text = seen.decode()
         assert "\x1b" not in text and "\x07" not in text, repr(text)
         assert "x\\x1b]0;PWNED\\x07\\x1b[2J.png" in text or "bad\\x1b[31m.png" in text, text
+
+
+@pytest.mark.parametrize("bad", ['"x"', '{"sampling": 5, "model": "m"}', "[1]", "{broken", "null"])
+def test_a_settings_json_of_the_wrong_shape_is_one_line(made, pics, tmp_path, bad):
+    """settings.json as a string, a list, a number where an object goes, or broken JSON made encode
+    and export --to vllm exit 70 (AttributeError): now every command says it in one line or goes
+    on without it, never exit 70."""
+    out = copy_out(made, tmp_path / "out")
+    (out / "settings.json").write_text(bad)
+    for args in (["encode", str(pics), "-o", str(out), *BASE], ["inspect", str(out)], ["verify", str(out)],
+                 ["export", str(out), str(tmp_path / "v"), "--to", "vllm", "--overwrite"],
+                 ["export", str(out), str(tmp_path / "p"), "--to", "parquet", "--overwrite"],
+                 ["search", str(out), "--duplicates", "-q"], ["search", str(out), str(pics / "p0.png"), "-q"]):
+        r = RUN.invoke(app, args)
+        no_crash(r)
+        assert r.exit_code in (0, 1, 2), (args, r.output)

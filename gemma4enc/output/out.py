@@ -80,9 +80,15 @@ class Out:
     def settings(self) -> dict | None:
         """What settings.json records, or None where there is none (or it cannot be read)."""
         try:
-            return json.loads((self.folder / SETTINGS).read_text())
+            saved = json.loads((self.folder / SETTINGS).read_text())
         except (OSError, ValueError):
             return None
+        if not isinstance(saved, dict) or not isinstance(saved.get("sampling", {}), dict):
+            raise UsageError(  # a handed-over OUT's: one line, never an AttributeError (exit 70)
+                f"{self.folder / SETTINGS} is not the settings gemma4enc writes (a JSON object whose "
+                "sampling is an object); fix it, or remove it and encode again to record this run's"
+            )
+        return saved
 
     def ledger(self, pin: bool = False) -> Ledger:
         """OUT's manifest read into columns (`pin`: a reader's snapshot, see Ledger.load)."""

@@ -115,9 +115,11 @@ def manifest_rows(source: Source) -> list[dict]:
         for line in text.decode("utf-8", "surrogateescape").splitlines():
             if line.strip() and len(line) <= LINE_MAX:  # longer: no row gemma4enc wrote, never parsed
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except ValueError:  # a torn last line of a killed run: the row was never there
                     continue
+                if isinstance(row, dict) and isinstance(row.get("path"), str):  # else no row of ours
+                    rows.append(row)
     return rows
 
 
@@ -143,6 +145,8 @@ class OutCache:
         if settings is None or not rows and self.source.read(MANIFEST) is None:
             raise FileNotFoundError(f"{out}: not a gemma4enc output folder (no {SETTINGS} and {MANIFEST})")
         self.settings = json.loads(settings)
+        if not isinstance(self.settings, dict):  # ValueError: the export says it in one line
+            raise ValueError(f"{out}: {SETTINGS} is not the settings gemma4enc writes (a JSON object)")
         latest: dict[str, dict] = {}
         for row in rows:
             latest[row["path"]] = row
