@@ -337,3 +337,47 @@ def test_a_format_registered_later_joins_the_order():
         assert formats.formats_for("x.heic")[0] == "HEIF"
     finally:
         Image.OPEN.update(saved)
+
+
+def test_a_16bit_grey_png_with_a_colour_key_follows_the_stated_rule(tmp_path):
+    """docs/commands.md's rule for a 16-bit grey PNG with a tRNS key: every value scaled by
+    255/65535 and rounded (not clipped at 255, as Pillow's convert does), and the pixels equal to
+    the 16-bit key white (transparent, on white) — not the pixels whose 8-bit value matches."""
+    from gemma4enc.media.image import decode_image
+
+    raw = (np.arange(64 * 80).reshape(64, 80) * 13 % 65536).astype(np.uint16)
+    key = int(raw[5, 7])
+    Image.fromarray(raw).save(p := tmp_path / "g16-key.png", transparency=key)
+    with Image.open(p) as image:
+        assert image.mode == "I;16" and image.info["transparency"] == key
+    got = np.asarray(decode_image(str(p), MAX).images[0])
+    want = np.clip(raw * (255.0 / 65535.0), 0, 255).round().astype(np.uint8)
+    want[raw == key] = 255
+    assert np.array_equal(got, np.repeat(want[..., None], 3, axis=2))
+    assert (raw == key).sum() >= 1 and (want == want[5, 7]).sum() > 0
+
+
+def test_a_12bit_jpeg_is_unsupported_not_corrupt(tmp_path):
+    """A JPEG whose frame header says 12-bit samples (extended sequential, SOF1, after EXIF) is
+    valid but beyond Pillow's 8-bit libjpeg: `unsupported`, saying so; a JPEG cut inside its
+    header stays `decode_error`."""
+    import io
+
+    from gemma4enc.media.frames import DecodeError
+    from gemma4enc.media.image import decode_image
+
+    buf = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x010F] = "camera"
+    Image.fromarray(np.zeros((32, 48, 3), np.uint8)).save(buf, "JPEG", exif=exif.tobytes())
+    data = bytearray(buf.getvalue())
+    at = data.find(b"\xff\xc0")
+    data[at + 1], data[at + 4] = 0xC1, 12
+    (tmp_path / "j12.jpg").write_bytes(bytes(data))
+    (tmp_path / "cut.jpg").write_bytes(bytes(data[: at + 3]))
+    with pytest.raises(DecodeError) as e:
+        decode_image(str(tmp_path / "j12.jpg"), MAX)
+    assert e.value.status == "unsupported" and "12-bit JPEG" in str(e.value)
+    with pytest.raises(DecodeError) as e:
+        decode_image(str(tmp_path / "cut.jpg"), MAX)
+    assert e.value.status == "decode_error"

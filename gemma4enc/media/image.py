@@ -134,10 +134,16 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     except Image.UnidentifiedImageError:
         if isinstance(path, str):
             with open(path, "rb") as f:
-                head = f.read(SNIFF_BYTES)
+                head = f.read(HEADER_BYTES)
         else:  # a file object (a URL's, a tar member's)
             path.seek(0)
-            head = path.read(SNIFF_BYTES)
+            head = path.read(HEADER_BYTES)
+        bits = jpeg_precision(head)
+        if bits not in (None, 8):  # valid, but not what this Pillow build decodes: not "corrupt"
+            raise DecodeError(
+                Status.UNSUPPORTED, f"a {bits}-bit JPEG: Pillow's libjpeg decodes 8-bit JPEGs only"
+            ) from None
+        head = head[:SNIFF_BYTES]
         if sniff(head) == "image" or claimed(head[:16]):  # 16: the bytes Pillow's checks see
             raise DecodeError(Status.DECODE_ERROR, "corrupt image: its header is unreadable") from None
         raise DecodeError(
@@ -151,6 +157,25 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
     if fit is not None and fast:
         info["backend"] = "pyav"  # FFmpeg's HEVC decoder, not libheif's
     return Frames(images=[rgb], info=info)
+
+
+HEADER_BYTES = 1 << 16  # where a JPEG's frame header is looked for (EXIF and ICC segments come first)
+
+
+def jpeg_precision(head: bytes) -> int | None:
+    """The sample precision of a JPEG's frame header (SOF0-15 but DHT, JPG, DAC), or None where
+    `head` is no JPEG or holds no frame header."""
+    if head[:2] != b"\xff\xd8":
+        return None
+    at = 2
+    while at + 4 <= len(head) and head[at] == 0xFF:
+        marker, length = head[at + 1], int.from_bytes(head[at + 2 : at + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return head[at + 4] if at + 4 < len(head) else None
+        if marker in (0xD9, 0xDA) or length < 2:
+            return None  # end of image, start of scan, or a broken segment: no frame header first
+        at += 2 + length
+    return None
 
 
 def _heic(path, image: Image.Image, budget: int) -> tuple[Fitted, tuple[int, int]] | None:
