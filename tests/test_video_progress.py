@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from gemma4enc.media import video, videoindex
 
@@ -79,3 +80,57 @@ def test_an_edit_lists_preroll_is_not_counted_as_frames(tmp_path):
     for i, image, t in zip(got.indices, got.images, got.timestamps):
         assert abs(t - plain[i][1]) < 1e-6, (i, t, plain[i][1])
         assert np.array_equal(np.asarray(image), plain[i][2]), i
+
+
+def _with_matrix(path, matrix):
+    """A short lossless H.264 clip of an asymmetric picture, with a display matrix or none."""
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264rgb", rate=10)
+        s.width, s.height, s.pix_fmt = 64, 48, "rgb24"
+        s.options = {"qp": "0"}
+        if matrix is not None:
+            s.set_display_matrix(matrix)
+        img = np.zeros((48, 64, 3), np.uint8)
+        img[:8, :16] = (255, 0, 0)  # a red block top left
+        img[40:, 50:] = (0, 0, 255)  # a blue one bottom right, smaller
+        img[:, 30:33, 1] = 200  # a green bar
+        for _ in range(3):
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
+def _displayed(img, a, b, c, d):
+    """The display matrix's own definition, independent of FFmpeg's filters: source (x, y) shows
+    at (a·x + c·y, b·x + d·y), shifted to start at 0."""
+    h, w = img.shape[:2]
+    y, x = np.mgrid[0:h, 0:w]
+    xs, ys = a * x + c * y, b * x + d * y
+    xs, ys = xs - xs.min(), ys - ys.min()
+    out = np.zeros((ys.max() + 1, xs.max() + 1, 3), img.dtype)
+    out[ys, xs] = img[y, x]
+    return out
+
+
+@pytest.mark.parametrize("abcd", [(1, 0, 0, 1), (-1, 0, 0, 1), (1, 0, 0, -1), (-1, 0, 0, -1),
+                                  (0, -1, 1, 0), (0, 1, -1, 0), (0, 1, 1, 0), (0, -1, -1, 0)])
+def test_the_display_matrix_is_applied_whole_reflections_included(tmp_path, abcd):
+    """Every right-angle display matrix, the four turns and the four mirrors: frames come out as the
+    matrix's definition shows them (FFmpeg's autorotate), and the row's width and height are the
+    displayed ones. A mirror was applied as a turn from `frame.rotation` alone before."""
+    from gemma4enc.media.frames import same
+    from gemma4enc.media.video import decode_video_pyav
+    from gemma4enc.options import Sampling
+
+    a, b, c, d = abcd
+    f = 1 << 16
+    _with_matrix(tmp_path / "plain.mp4", None)
+    _with_matrix(tmp_path / "m.mp4", [a * f, b * f, 0, c * f, d * f, 0, 0, 0, 1 << 30])
+    plain = decode_video_pyav(str(tmp_path / "plain.mp4"), Sampling(frames=1), same)
+    got = decode_video_pyav(str(tmp_path / "m.mp4"), Sampling(frames=1), same)
+    want = _displayed(np.asarray(plain.images[0]), a, b, c, d)
+    assert np.array_equal(np.asarray(got.images[0]), want)
+    assert (got.info["height"], got.info["width"]) == want.shape[:2]

@@ -5,6 +5,8 @@ and nearest[:SECONDS] snap samples to keyframes, large frames are pre-fitted as 
 from __future__ import annotations
 
 import bisect
+import math
+import struct
 from collections import deque
 
 import numpy as np
@@ -36,6 +38,51 @@ def _apply_rotation(array: np.ndarray, degrees: int) -> np.ndarray:
     """PyAV reports a display rotation (counter-clockwise degrees) that it does not apply."""
     turns = (int(degrees) // 90) % 4
     return np.ascontiguousarray(np.rot90(array, k=turns)) if turns else array
+
+
+# the turns of FFmpeg's `transpose` filter on an (H, W, C) array
+_TRANSPOSE = {
+    "clock": lambda a: np.rot90(a, k=-1),
+    "cclock": lambda a: np.rot90(a, k=1),
+    "cclock_flip": lambda a: a.transpose(1, 0, 2),  # 90° counter-clockwise, then upside down
+    "clock_flip": lambda a: a[::-1, ::-1].transpose(1, 0, 2),  # 90° clockwise, then upside down
+}
+
+
+def display_matrix(frame) -> tuple[int, ...] | None:
+    """The frame's display matrix (FFmpeg's 9 int32s, 16.16 fixed point but the last column), or None."""
+    for data in frame.side_data:
+        if str(data.type).rsplit(".", 1)[-1] == "DISPLAYMATRIX" and len(bytes(data)) == 36:
+            return struct.unpack("=9i", bytes(data))
+    return None
+
+
+def upright(array: np.ndarray, frame) -> np.ndarray:
+    """The frame as FFmpeg's autorotate shows it: its display matrix applied whole, reflections
+    included (fftools' rule: a 90° or 270° turn with or without a flip by transpose, 180° as hflip
+    and / or vflip, 0° with a vflip where the matrix mirrors). A matrix that mirrors was applied as
+    a turn from `frame.rotation` alone before: every frame the mirror image of FFmpeg's. An angle
+    off the right angles keeps the nearest quarter turns below it, as before."""
+    m = display_matrix(frame)
+    if m is None:
+        return _apply_rotation(array, frame.rotation)
+    s0, s1 = math.hypot(m[0], m[3]), math.hypot(m[1], m[4])
+    if not s0 or not s1:
+        return array  # a degenerate matrix: FFmpeg applies none
+    theta = float(round(math.degrees(math.atan2(m[1] / s1, m[0] / s0))))  # fftools' get_rotation
+    theta -= 360 * math.floor(theta / 360 + 0.9 / 360)
+    if abs(theta - 90) < 1:
+        out = _TRANSPOSE["cclock_flip" if m[3] > 0 else "clock"](array)
+    elif abs(theta - 180) < 1:
+        out = array[:, ::-1] if m[0] < 0 else array
+        out = out[::-1] if m[4] < 0 else out
+    elif abs(theta - 270) < 1:
+        out = _TRANSPOSE["clock_flip" if m[3] < 0 else "cclock"](array)
+    elif abs(theta) < 1:
+        out = array[::-1] if m[4] < 0 else array
+    else:
+        return _apply_rotation(array, frame.rotation)
+    return np.ascontiguousarray(out)
 
 
 def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str = "exact") -> Frames:
@@ -169,7 +216,7 @@ def _pyav_frames(
             while pending and pending[0] < position:  # its packet was corrupt: lost
                 pending.popleft()
             if pending and pending[0] == position:
-                rgb = _apply_rotation(frame.to_ndarray(format="rgb24"), frame.rotation)
+                rgb = upright(frame.to_ndarray(format="rgb24"), frame)
                 size.append(rgb.shape[:2])
                 got[index_of[position]] = transform(rgb)  # one full-size frame in memory at a time
                 pending.popleft()
@@ -196,7 +243,7 @@ def _counted_frames(container, stream, wanted, transform, size) -> dict[int, obj
 
     for frame in frames():
         if n in pending:
-            rgb = _apply_rotation(frame.to_ndarray(format="rgb24"), frame.rotation)
+            rgb = upright(frame.to_ndarray(format="rgb24"), frame)
             size.append(rgb.shape[:2])
             got[n] = transform(rgb)
         n += 1
