@@ -134,3 +134,19 @@ def test_the_display_matrix_is_applied_whole_reflections_included(tmp_path, abcd
     want = _displayed(np.asarray(plain.images[0]), a, b, c, d)
     assert np.array_equal(np.asarray(got.images[0]), want)
     assert (got.info["height"], got.info["width"]) == want.shape[:2]
+
+
+def test_a_track_ffmpeg_has_no_decoder_for_is_unsupported(tmp_path):
+    """A `dav1` (Dolby Vision AV1) sample entry, which this FFmpeg does not decode, failed as
+    `AttributeError: 'VideoStream' object has no attribute 'width'`; it is `unsupported`, saying so."""
+    from gemma4enc.media.frames import DecodeError
+    from gemma4enc.media.video import decode_video
+    from gemma4enc.options import Sampling
+
+    _with_matrix(tmp_path / "plain.mp4", None)
+    data = (tmp_path / "plain.mp4").read_bytes()
+    at = data.rfind(b"avc1")  # the sample entry (the first is ftyp's brand)
+    (tmp_path / "dav1.mp4").write_bytes(data[:at] + b"dav1" + data[at + 4:])
+    with pytest.raises(DecodeError) as e:
+        decode_video(str(tmp_path / "dav1.mp4"), Sampling(frames=2))
+    assert e.value.status == "unsupported" and "no decoder" in str(e.value)

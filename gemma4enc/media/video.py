@@ -381,6 +381,8 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
             if not container.streams.video:
                 raise DecodeError(Status.NO_VIDEO_STREAM, "the file has no video stream")
             stream = container.streams.video[0]
+            if stream.codec_context is None:  # FFmpeg knows no decoder for it (a `dav1` track, say)
+                raise DecodeError(Status.UNSUPPORTED, "no decoder for this video codec in this FFmpeg build")
             pixels = (stream.width or 0) * (stream.height or 0)
             codec = stream.codec_context.name
     except av.error.FFmpegError as e:
