@@ -415,3 +415,55 @@ def test_lance_through_pylance_and_lancedb(ckpt, tmp_path):
     assert "other settings (dtype" in refused.output
     over = json.loads(export(out, dest, "--to", "lance", "--overwrite", "--json").stdout)
     assert over["rows"] == 6 and over["dtype"] == "float16"
+
+
+def test_lance_into_s3_is_read_back_by_pylance_and_lancedb(ckpt, tmp_path, monkeypatch):
+    """--to lance with an s3:// DEST (moto's S3 on loopback, found through the AWS_* variables as
+    every store access is): the table holds what the local export holds, LanceDB opens it in the
+    bucket, a second export appends nothing; an endpoint that answers nothing ends in one line,
+    in bounded time (an http:// endpoint Lance was not told to allow hung the export)."""
+    import time
+
+    import lance
+    import lancedb
+
+    from gemma4enc.output.tolance import storage_options
+
+    from .helpers import BASE, encode, loopback_s3, photo
+
+    media = tmp_path / "media"
+    media.mkdir()
+    for i, (h, w) in enumerate([(64, 96), (80, 80)]):
+        photo(h, w, seed=i).save(media / f"p{i}.png")
+    out = tmp_path / "out"
+    assert encode([media, "-o", out, "--model", ckpt, *BASE, "--workers", "0"]).exit_code == 0
+    export(out, tmp_path / "local.lance", "--to", "lance", "--dtype", "float32")
+    local = lance.dataset(str(tmp_path / "local.lance")).to_table().sort_by("path")
+    with loopback_s3("bucket") as (fs, _):
+        report = json.loads(export(out, "s3://bucket/emb/table.lance", "--to", "lance", "--dtype", "float32",
+                                   "--json").stdout)
+        assert report["rows"] == 2 and report["added"] == 2
+        store = storage_options("s3://bucket/emb/table.lance")
+        remote = lance.dataset("s3://bucket/emb/table.lance", storage_options=store).to_table().sort_by("path")
+        assert remote.column("path").to_pylist() == local.column("path").to_pylist()
+        assert remote.column("vector").to_pylist() == local.column("vector").to_pylist()
+        assert remote.column("soft_tokens").to_pylist() == local.column("soft_tokens").to_pylist()
+        found = lancedb.connect("s3://bucket/emb", storage_options=store).open_table("table")
+        assert found.count_rows() == 2
+        again = json.loads(export(out, "s3://bucket/emb/table.lance", "--to", "lance", "--dtype", "float32",
+                                  "--json").stdout)
+        assert again["added"] == 0 and again["rows"] == 2
+        assert all("testing" not in str(v) for v in report.values())  # no key in what it says
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    start = time.monotonic()
+    r = RUN.invoke(app, ["export", str(out), "s3://bucket/none.lance", "--to", "lance"])
+    assert r.exit_code in (2, 4) and "Traceback" not in r.output and time.monotonic() - start < 240, r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output

@@ -20,6 +20,7 @@ and OUT's rows the table lacks are appended; a table made with other settings is
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -42,7 +43,8 @@ def export_lance(emb, dest: str, info: dict, shards, overwrite: bool) -> dict:
         raise UsageError("--to lance needs pylance: pip install 'gemma4enc[lance]'") from None
     start = time.perf_counter()
     schema = _schema(pa, info)
-    before = None if overwrite else _existing(lance, dest)
+    store = storage_options(dest)
+    before = None if overwrite else _existing(lance, dest, store)
     if before is not None:
         _same_settings(before, info, dest)
     key = KEY + (("frame",) if info["per_frame"] else ())
@@ -80,7 +82,7 @@ def export_lance(emb, dest: str, info: dict, shards, overwrite: bool) -> dict:
     if first is not None or before is None:
         try:
             lance.write_dataset(pa.RecordBatchReader.from_batches(schema, _chain(first, stream)), dest,
-                                schema=schema, mode=mode)
+                                schema=schema, mode=mode, storage_options=store)
         except (OSError, ValueError) as e:
             raise UsageError(f"cannot write the Lance table {dest}: {str(e).splitlines()[0]}") from None
     else:
@@ -88,11 +90,11 @@ def export_lance(emb, dest: str, info: dict, shards, overwrite: bool) -> dict:
             pass
     added = counted["rows"]
     deleted = 0
-    table = lance.dataset(dest)
+    table = lance.dataset(dest, storage_options=store)
     gone = have - now
     if gone:  # after the append: a failure in between leaves a row twice, never none
         deleted = _delete(table, key, gone)
-        table = lance.dataset(dest)
+        table = lance.dataset(dest, storage_options=store)
     return {"rows": table.count_rows(), "added": added, "deleted": deleted, "version": table.version,
             "files": [], "seconds": round(time.perf_counter() - start, 3)}
 
@@ -134,10 +136,38 @@ def _chain(first, rest):
     yield from rest
 
 
-def _existing(lance, dest: str):
+# an object store that does not answer: each request bounded, a few retries, then one line (Lance's
+# own defaults retry for minutes, and an http:// endpoint it was not told to allow hung the export)
+BOUNDS = {"connect_timeout": "10s", "timeout": "120s", "client_max_retries": "3", "client_retry_timeout": "60"}
+
+
+def storage_options(dest: str) -> dict | None:
+    """Lance's storage options for an s3:// DEST, from the AWS_* variables gemma4enc's other store
+    access (s3fs) reads: the endpoint (AWS_ENDPOINT_URL[_S3]), allowed over http:// where it is one,
+    the region, and the keys where they are set. Passed in this process only: never stored or shown."""
+    if not dest.startswith("s3://"):
+        return None
+    env = os.environ
+    found = dict(BOUNDS)
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        found["endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            found["allow_http"] = "true"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        found["region"] = region
+    for var, option in (("AWS_ACCESS_KEY_ID", "aws_access_key_id"), ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
+                        ("AWS_SESSION_TOKEN", "aws_session_token")):
+        if env.get(var):
+            found[option] = env[var]
+    return found
+
+
+def _existing(lance, dest: str, store: dict | None = None):
     """The Lance table at DEST, or None where there is none yet."""
     try:
-        return lance.dataset(dest)
+        return lance.dataset(dest, storage_options=store)
     except (ValueError, OSError, FileNotFoundError):
         return None
 
