@@ -39,7 +39,7 @@ TOKENS = 12
 
 parser = argparse.ArgumentParser()
 parser.add_argument("w")
-parser.add_argument("--via", choices=("connector", "export"), required=True)
+parser.add_argument("--via", choices=("connector", "connector-kwargs", "export"), required=True)
 parser.add_argument("--dtype", choices=("float32", "bfloat16"), required=True)
 args = parser.parse_args()
 W = os.path.abspath(args.w)
@@ -70,7 +70,17 @@ def counted(self, **kwargs):
 
 gemma4_mm.Gemma4ForConditionalGeneration.embed_multimodal = counted
 
-if args.via == "connector":
+# connector-kwargs: the server-wide media_io_kwargs a user sets (image_mode RGB is vLLM's own default,
+# still hashed into every identifier), given to each request as the chat server gives them; OTHER is
+# a request's own, which no connector can map
+SERVER = {"image": {"image_mode": "RGB"}, "video": {"num_frames": 8}}
+OTHER = {"image": {"image_mode": "RGB", "gemma4enc_check": 1}, "video": {"num_frames": 9}}
+# the file's own pixels go under other kwargs than the stand-in: vLLM takes a uuid for its content, so
+# under the same uuid and kwargs its processor cache would hand back the stand-in's pixels
+OTHER_REAL = {"image": {"image_mode": "RGB", "gemma4enc_check": 2}, "video": {"num_frames": 10}}
+KWARGS = args.via == "connector-kwargs"
+
+if args.via.startswith("connector"):
     transfer = {"ec_connector": "GemmaEncConnector", "ec_connector_module_path": "gemma4enc.serving.vllm_connector",
                 "ec_role": "ec_consumer", "ec_connector_extra_config": {"out": out}}
     index = OutCache(out)
@@ -84,7 +94,8 @@ else:
 
 t0 = time.perf_counter()
 llm = LLM(model=plan["ckpt"], dtype=args.dtype, max_model_len=2048, max_num_seqs=1, enforce_eager=True, seed=0,
-          limit_mm_per_prompt={"image": 1, "video": 1}, gpu_memory_utilization=0.25, ec_transfer_config=transfer)
+          limit_mm_per_prompt={"image": 1, "video": 1}, gpu_memory_utilization=0.25, ec_transfer_config=transfer,
+          **({"media_io_kwargs": SERVER} if KWARGS else {}))
 start_s = time.perf_counter() - t0
 tok = llm.get_tokenizer()
 params = SamplingParams(temperature=0, max_tokens=TOKENS, min_tokens=TOKENS, ignore_eos=True, logprobs=0)
@@ -99,9 +110,13 @@ def prompt_for(kind: str) -> str:
 def generate(req: dict) -> tuple[list[int], list[float], int, float]:
     before = len(calls)
     t = time.perf_counter()
+    if KWARGS and "media_io_kwargs" not in req:
+        req = req | {"media_io_kwargs": SERVER}  # as the chat server hands a request its kwargs
     (res,) = llm.generate([req], params, use_tqdm=False)
     seconds = time.perf_counter() - t
     o = res.outputs[0]
+    if o.finish_reason == "error":
+        raise RuntimeError(f"the request failed: {o.finish_reason}")
     lps = [lp[i].logprob for lp, i in zip(o.logprobs, o.token_ids)]
     return list(o.token_ids), lps, len(calls) - before, seconds
 
@@ -140,7 +155,7 @@ def theirs(call: dict) -> list[torch.Tensor]:
 found = {"via": args.via, "dtype": args.dtype, "import_s": round(import_s, 1), "start_s": round(start_s, 1),
          "requests": {}}
 failures = []
-key_of = (lambda n: index.key(plan["rows"][n]["path"])) if args.via == "connector" else (
+key_of = (lambda n: index.key(plan["rows"][n]["path"])) if args.via != "export" else (
     lambda n: index[plan["rows"][n]["path"]]["key"])
 
 for n, name in enumerate(("a.png", "c.png", "clip.mp4")):
@@ -154,7 +169,7 @@ for n, name in enumerate(("a.png", "c.png", "clip.mp4")):
     cached = request(index, [plan["rows"][name]["path"]], prompt_for(kind))
     tokens, lps, n_calls, s = generate(cached)
     dlp = max(abs(a - b) for a, b in zip(ref_lps, lps))
-    ours = index.tokens(index.key(plan["rows"][name]["path"])) if args.via == "connector" else None
+    ours = index.tokens(index.key(plan["rows"][name]["path"])) if args.via != "export" else None
     tower = round(((ours.float() - vllm_tokens).abs().max() / vllm_tokens.abs().max()).item(), 6) if (
         ours is not None and vllm_tokens is not None) else None
     found["requests"][name] = {"tokens_vs_vllm_tower": tower, "pixels_tokens": ref_tokens, "cached_tokens": tokens, "encoder_calls_pixels": ref_calls,
@@ -202,6 +217,28 @@ if args.via == "export":  # a zeroed cache file: another answer
     found["zeroed"] = {"tokens": z_tokens, "encoder_calls": z_calls}
     if z_tokens == found["requests"]["a.png"]["pixels_tokens"] or z_calls:
         failures.append(f"a zeroed cache gave a.png's answer {z_tokens} (or ran the encoder {z_calls} times)")
+
+if KWARGS:  # a request's own kwargs: no key maps; a stand-in fails loudly, the file's own pixels answer
+    found["per_request_kwargs"] = {}
+    for name in ("a.png", "clip.mp4"):
+        kind = plan["rows"][name]["kind"]
+        want = found["requests"][name]["pixels_tokens"]
+        stand = request(index, [plan["rows"][name]["path"]], prompt_for(kind)) | {"media_io_kwargs": OTHER}
+        try:
+            got, _, n_calls, _ = generate(stand)
+            refused = None
+        except Exception as e:  # noqa: BLE001 - what vLLM raises for a failed request is its own
+            got, n_calls, refused = None, None, f"{type(e).__name__}: {str(e)[:200]}"
+        real = pixels_request(name, key_of(name)) | {"media_io_kwargs": OTHER_REAL}
+        r_tokens, _, r_calls, _ = generate(real)
+        found["per_request_kwargs"][name] = {"stand_in": refused or got, "pixels_under_key": r_tokens,
+                                             "encoder_calls_pixels_under_key": r_calls}
+        if refused is None:
+            failures.append(f"{name}: a stand-in under per-request kwargs was answered ({got}, {n_calls} encoder "
+                            "calls): a silent miss")
+        if r_tokens != want or r_calls != 1:
+            failures.append(f"{name}: its own pixels under per-request kwargs gave {r_tokens} ({r_calls} encoder "
+                            f"calls), not the pixels' answer {want}")
 
 found["failures"] = failures
 print(json.dumps(found))

@@ -40,7 +40,7 @@ PYTHONPATH=$REPO timeout "$STEP_TIMEOUT" "$PY" scripts/vllm_prepare.py "$W" || {
 
 failed=0
 broke=0
-for run in "connector float32" "export float32" "connector bfloat16"; do
+for run in "connector float32" "export float32" "connector bfloat16" "connector-kwargs float32"; do
     set -- $run
     log="$W/vllm-$1-$2.log"
     # the shim folder only: gemma4enc comes from the venv's own install; one process, the KV cache in 1 GiB

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 import gemma4enc
-from gemma4enc.serving.cache import KEY_RE, OutCache, key_of
+from gemma4enc.serving.cache import KEY_RE, STAND_IN, OutCache, key_of
 from gemma4enc.serving.requests import export_index, request
 
 from .helpers import RUN, app, encode, flags, loopback_s3
@@ -132,10 +132,12 @@ def test_requests_carry_the_keys_and_stand_ins_of_the_files_size(served):
     assert req["multi_modal_uuids"] == {"image": [cache.key(image)], "video": [cache.key(video)]}
     stand = req["multi_modal_data"]["image"][0]
     row = cache.by_path[image].row
-    assert stand.size == (row["width"], row["height"]) and not stand.getbbox()  # black, the file's size
+    assert stand.size == (row["width"], row["height"])  # the file's size, every pixel the stand-in mark
+    assert stand.getcolors() == [(row["width"] * row["height"], STAND_IN)]
     frames, meta = req["multi_modal_data"]["video"][0]
     vrow = cache.by_path[video].row
     assert frames.shape == (len(vrow["frame_indices"]), vrow["height"], vrow["width"], 3)
+    assert (frames.reshape(-1, 3) == STAND_IN).all()
     assert meta["frames_indices"] == vrow["frame_indices"] and meta["do_sample_frames"] is False
     with pytest.raises(ValueError):
         request(cache, [image], "no placeholder here")

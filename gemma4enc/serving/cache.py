@@ -100,6 +100,10 @@ class Source:
         return sorted(n for n in names if _PART.match(n))
 
 
+# the colour of a stand-in's every pixel (requests.py): a flat image of it is no real file's, so the
+# connector can tell a stand-in that no key answers and fail its request rather than answer from it
+STAND_IN = (1, 2, 3)
+
 LINE_MAX = 16 << 20  # as output/files.py's: a manifest line past it is not a row
 
 

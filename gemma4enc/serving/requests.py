@@ -3,10 +3,12 @@ only big enough to size the placeholders.
 
 vLLM's Gemma 4 takes no embeddings in a request (it rejects `image_embeds`), so a request still
 carries an image or a video, but vLLM reads from it only what sizes the prompt: an image's width
-and height, a video's frame count, frame size and timestamps (frame index / fps). A black image of
-the file's decoded size, and black frames with the row's frame indices and rate, give the same
+and height, a video's frame count, frame size and timestamps (frame index / fps). A flat image of
+the file's decoded size, and flat frames with the row's frame indices and rate, give the same
 prompt as the file's own pixels, and the connector (or an export read by vLLM's ECExampleConnector)
-supplies the tokens. `{"image": None}` must never stand in: vLLM then drops the image silently.
+supplies the tokens. Their colour is cache.STAND_IN, which no real file is made of: a stand-in
+whose key the connector cannot find fails its request loudly instead of being answered from
+(vllm_connector.py). `{"image": None}` must never stand in: vLLM then drops the image silently.
 
 Runs in vLLM's environment: numpy, Pillow and cache.py only.
 """
@@ -18,7 +20,7 @@ import os
 
 import numpy as np
 
-from .cache import OutCache
+from .cache import STAND_IN, OutCache
 
 IMAGE, VIDEO = "<|image|>", "<|video|>"  # Gemma 4's placeholders, one per item, in the prompt's order
 
@@ -29,8 +31,9 @@ def stand_in(row: dict):
 
     width, height = int(row["width"]), int(row["height"])
     if row["kind"] == "image":
-        return Image.new("RGB", (width, height))
-    frames = np.zeros((len(row["frame_indices"]), height, width, 3), np.uint8)
+        return Image.new("RGB", (width, height), STAND_IN)
+    frames = np.empty((len(row["frame_indices"]), height, width, 3), np.uint8)
+    frames[...] = STAND_IN
     return frames, video_metadata(row)
 
 
