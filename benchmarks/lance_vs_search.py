@@ -32,7 +32,8 @@ def lance_worker(step: str, folder: str, extra: str) -> None:
 
     table = lancedb.connect(folder).open_table("vectors")
     if step == "index":
-        table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_PQ")
+        sizes = json.loads(extra or "{}")  # num_partitions / num_sub_vectors; LanceDB's defaults where absent
+        table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_PQ", **sizes)
     elif step == "query":
         v = np.array(json.loads(extra), np.float32)
         hits = table.search(v, vector_column_name="vector").metric("cosine").limit(10).to_list()
@@ -78,6 +79,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("bench-out/lance"))
     parser.add_argument("--reuse", action="store_true", help="keep an OUT made before (and its cache)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--partitions", type=int, help="LanceDB's num_partitions (default: its own)")
+    parser.add_argument("--sub-vectors", type=int, help="LanceDB's num_sub_vectors (default: its own)")
+    parser.add_argument("--lance-only", action="store_true",
+                        help="with --reuse: keep the LanceDB table exported before, build its index and query")
     parser.add_argument("--lance-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.lance_worker:
@@ -94,20 +99,29 @@ def main() -> None:
 
     out = (args.work / f"out-{args.n}-{args.dim}").resolve()
     query = path_of(7)
+    if args.lance_only and args.reuse:
+        return lance_side(args, out, note, export=False)
     if not (args.reuse and (out / "search-index.json").exists()):
         make_folder(out, args.n, args)
         note("gemma4enc: first search (builds cache + index)", timed([*CLI, "search", str(out), query, "-k", "10", "-q"]))
     note("gemma4enc: one cached query", timed([*CLI, "search", str(out), query, "-k", "10", "-q"]))
     note("gemma4enc: recall@10 vs exact", recall_at_10(out, args.sample))
 
+    lance_side(args, out, note, export=True)
+
+
+def lance_side(args, out: Path, note, export: bool) -> None:
+    """LanceDB's half: export (or the table exported before), its index, one query, recall."""
     folder = (args.work / f"lancedb-{args.n}-{args.dim}").resolve()
     import shutil
 
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    note("lance: export --to lance", timed([*CLI, "export", str(out), str(folder / "vectors.lance"), "--to", "lance"]))
-    note("lancedb: create_index IVF_PQ (cosine, defaults)",
-         timed([sys.executable, __file__, "--lance-worker", "index", str(folder), ""]))
+    if export:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        note("lance: export --to lance", timed([*CLI, "export", str(out), str(folder / "vectors.lance"), "--to", "lance"]))
+    sizes = {k: v for k, v in (("num_partitions", args.partitions), ("num_sub_vectors", args.sub_vectors)) if v}
+    note(f"lancedb: create_index IVF_PQ (cosine, {sizes or 'defaults'})",
+         timed([sys.executable, __file__, "--lance-worker", "index", str(folder), json.dumps(sizes)]))
     from gemma4enc.run.search import Searcher
 
     with Searcher(out) as s:
