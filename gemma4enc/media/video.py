@@ -51,7 +51,7 @@ _TRANSPOSE = {
 
 def display_matrix(frame) -> tuple[int, ...] | None:
     """The frame's display matrix (FFmpeg's 9 int32s, 16.16 fixed point but the last column), or None."""
-    for data in frame.side_data:
+    for data in getattr(frame, "side_data", None) or ():  # a frame without side data has none
         if str(data.type).rsplit(".", 1)[-1] == "DISPLAYMATRIX" and len(bytes(data)) == 36:
             return struct.unpack("=9i", bytes(data))
     return None
