@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The proof with vLLM's CPU build (docs/serving.md): vLLM generating from gemma4enc's tokens (through
 # the connector and through `export --to vllm`) equals vLLM generating from the pixels, float32 and
-# bfloat16, an image and a clip, and vLLM's vision encoder is never run for them.
+# bfloat16, an image and a clip, and vLLM's vision encoder is never run for them; with media kwargs
+# no keyed request is answered from a stand-in; and the same through `vllm serve`'s OpenAI API.
 #
 #   scripts/vllm_check.sh [WORKDIR]      # default: a new temp folder, removed after a pass
 #
@@ -61,6 +62,20 @@ for run in "connector float32" "export float32" "connector bfloat16" "connector-
         failed=1
     fi
 done
+# the server a user runs: `vllm serve`'s OpenAI API on loopback, started and stopped by the step
+log="$W/vllm-serve.log"
+(cd "$W" && env HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH="$REPO/scripts/vllm_shim" \
+    timeout "$STEP_TIMEOUT" "$VENV/bin/python" "$REPO/scripts/vllm_serve_check.py" "$W" >"$log" 2>&1)
+rc=$?
+line=$(grep '^{' "$log" | tail -1)
+if [ $rc -eq 0 ]; then
+    echo "vllm check: serve: passed: $line"
+elif [ $rc -eq 124 ] || [ $rc -eq 5 ] || [ -z "$line" ]; then
+    echo "vllm check: serve: the server did not come up or finish here (exit $rc): ${line:-$(tail -1 "$log" | cut -c1-300)}; log: $log"
+    broke=1
+else
+    echo "vllm check: serve: FAILED (exit $rc): $line; log: $log"; failed=1
+fi
 verdict=passed; [ $broke -eq 1 ] && verdict="not run to the end"; [ $failed -eq 1 ] && verdict=failed
 echo "vllm check: $verdict in $(( $(date +%s) - start )) s"
 if [ $failed -eq 0 ] && [ $broke -eq 0 ] && [ $KEEP -eq 0 ]; then rm -rf "$W"; fi

@@ -152,3 +152,39 @@ def test_the_serving_modules_import_nothing_of_vllm_or_the_cli():
             "print(bad)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_stand_in_files_carry_what_the_openai_api_can(served):
+    """Over HTTP a request carries files: a PNG stand-in of the image's size, and for a video a
+    lossless clip of one stand-in frame per sampled frame at a rate that keeps their mm:ss
+    timestamps (what vLLM's prompt is made of); indices no constant rate reproduces are refused."""
+    import io
+
+    import av
+    from PIL import Image
+
+    from gemma4enc.serving.requests import stand_in_file, stand_in_rate
+
+    _, hashed, _ = served
+    cache = OutCache(str(hashed))
+    image = next(e.row for e in cache.by_path.values() if e.row["kind"] == "image")
+    data, mime = stand_in_file(image)
+    assert mime == "image/png"
+    png = Image.open(io.BytesIO(data))
+    assert png.size == (image["width"], image["height"])
+    assert png.convert("RGB").getcolors() == [(image["width"] * image["height"], STAND_IN)]
+    video = next(e.row for e in cache.by_path.values() if e.row["kind"] == "video")
+    data, mime = stand_in_file(video)
+    assert mime == "video/x-matroska"
+    with av.open(io.BytesIO(data)) as c:
+        stream = c.streams.video[0]
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(stream)]
+        rate = float(stream.average_rate)
+    assert len(frames) == len(video["frame_indices"])
+    assert all((f.reshape(-1, 3) == STAND_IN).all() and f.shape[:2] == (video["height"], video["width"])
+               for f in frames)
+    stamp = lambda s: f"{int(s // 60):02d}:{int(s % 60):02d}"  # noqa: E731 - Gemma 4's prompt's
+    assert [stamp(i / rate) for i in range(len(frames))] == [stamp(i / video["fps"]) for i in video["frame_indices"]]
+    assert stand_in_rate({"frame_indices": [0, 15, 30, 45], "fps": 30.0}) == 2.0
+    with pytest.raises(ValueError, match="constant rate"):
+        stand_in_rate({"frame_indices": [0, 1, 2, 90], "fps": 30.0})  # 00:00 ×3, then 00:03

@@ -10,7 +10,11 @@ supplies the tokens. Their colour is cache.STAND_IN, which no real file is made 
 whose key the connector cannot find fails its request loudly instead of being answered from
 (vllm_connector.py). `{"image": None}` must never stand in: vLLM then drops the image silently.
 
-Runs in vLLM's environment: numpy, Pillow and cache.py only.
+Over HTTP (`vllm serve`'s OpenAI API), a request carries files, not arrays: `stand_in_file` gives the
+bytes and MIME type of a PNG stand-in, or of a lossless clip of stand-in frames at a rate that keeps
+the sampled frames' mm:ss timestamps, for a data URL whose part's `uuid` is the key.
+
+Runs in vLLM's environment: numpy, Pillow and cache.py only (and OpenCV or PyAV to write a clip).
 """
 
 from __future__ import annotations
@@ -98,3 +102,72 @@ def export_index(folder: str) -> dict:
                 row = json.loads(line)
                 rows[row["path"]] = row
     return rows
+
+
+def _mmss(seconds: float) -> str:
+    """A frame's timestamp as Gemma 4's prompt writes it (int-truncated mm:ss, as transformers)."""
+    return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
+
+
+def stand_in_rate(row: dict) -> float:
+    """The constant frame rate at which a file of len(frame_indices) frames shows the same mm:ss
+    timestamps as the frames gemma4enc sampled (index / fps); ValueError where no rate does."""
+    idx, fps = list(row["frame_indices"]), float(row.get("fps") or 24.0)
+    rate = fps if len(idx) < 2 or idx[-1] == idx[0] else fps * (len(idx) - 1) / (idx[-1] - idx[0])
+    if [_mmss(i / rate) for i in range(len(idx))] != [_mmss(i / fps) for i in idx]:
+        raise ValueError(
+            f"{row.get('path')}: its frames' timestamps ({', '.join(_mmss(i / fps) for i in idx)}) are not those "
+            "of any file at a constant rate: serve it through the offline API (request()), which takes the frames"
+        )
+    return rate
+
+
+def stand_in_file(row: dict) -> tuple[bytes, str]:
+    """(bytes, MIME type) of what the OpenAI API can carry for a file OUT holds, as a data URL with
+    the key as the part's uuid: an image, a PNG of its stand-in; a video, a lossless clip (FFV1 in
+    Matroska) of len(frame_indices) stand-in frames at stand_in_rate, so vLLM (which samples every
+    frame of a clip no longer than its num_frames) makes the prompt the key was encoded for.
+    The server's video num_frames must be at least the clip's frames (gemma4enc's --frames)."""
+    import io
+    import tempfile
+
+    if row["kind"] == "image":
+        buf = io.BytesIO()
+        stand_in(row).save(buf, "PNG")  # lossless: the stand-in stays STAND_IN exactly
+        return buf.getvalue(), "image/png"
+    rate = stand_in_rate(row)
+    frames, _ = stand_in(row)
+    with tempfile.TemporaryDirectory(prefix="gemma4enc-stand-in-") as tmp:
+        path = os.path.join(tmp, "stand-in.mkv")
+        _write_lossless(path, frames, rate)
+        with open(path, "rb") as f:
+            return f.read(), "video/x-matroska"
+
+
+def _write_lossless(path: str, frames: np.ndarray, rate: float) -> None:
+    """FFV1 frames through OpenCV (vLLM's environment has it) or PyAV (gemma4enc's has it)."""
+    height, width = frames.shape[1:3]
+    try:
+        import cv2
+    except ImportError:
+        cv2 = None
+    if cv2 is not None:
+        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"FFV1"), rate, (width, height))
+        if not writer.isOpened():
+            raise RuntimeError("OpenCV cannot write an FFV1 clip here")
+        for frame in frames:
+            writer.write(frame[..., ::-1].copy())  # OpenCV takes BGR
+        writer.release()
+        return
+    from fractions import Fraction
+
+    import av
+
+    with av.open(path, "w", format="matroska") as container:
+        stream = container.add_stream("ffv1", rate=Fraction(rate).limit_denominator(1_000_000))
+        stream.width, stream.height, stream.pix_fmt = width, height, "bgr0"
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
