@@ -188,3 +188,26 @@ def test_stand_in_files_carry_what_the_openai_api_can(served):
     assert stand_in_rate({"frame_indices": [0, 15, 30, 45], "fps": 30.0}) == 2.0
     with pytest.raises(ValueError, match="constant rate"):
         stand_in_rate({"frame_indices": [0, 1, 2, 90], "fps": 30.0})  # 00:00 ×3, then 00:03
+
+
+def test_sampled_file_holds_the_frames_gemma4enc_sampled(served):
+    """A miss on a real video should answer from the frames gemma4enc sampled, not vLLM's own sample
+    of the file: sampled_file packs exactly those frames (a plain full decode at the row's indices),
+    losslessly, one per sampled frame."""
+    import io
+
+    import av
+    import numpy as np
+
+    from gemma4enc.serving.requests import sampled_file
+
+    _, hashed, _ = served
+    cache = OutCache(str(hashed))
+    path, entry = next((p, e) for p, e in cache.by_path.items() if e.row["kind"] == "video")
+    data, mime = sampled_file(path, entry.row)
+    with av.open(path) as c:
+        full = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    with av.open(io.BytesIO(data)) as c:
+        packed = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert mime == "video/x-matroska" and len(packed) == len(entry.row["frame_indices"])
+    assert all(np.array_equal(p, full[i]) for p, i in zip(packed, entry.row["frame_indices"]))

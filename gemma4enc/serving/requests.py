@@ -171,3 +171,32 @@ def _write_lossless(path: str, frames: np.ndarray, rate: float) -> None:
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+
+
+def sampled_file(path: str, row: dict) -> tuple[bytes, str]:
+    """(bytes, MIME type) of a video's own frames at the indices gemma4enc sampled, as a lossless clip
+    at stand_in_rate: sent without a key (or under one OUT lacks), vLLM answers from the same frames
+    the key's tokens were made from, where the file itself would be sampled by vLLM's own rule
+    (8 of 120 frames: [0, 17, …, 119] against gemma4enc's [0, 15, …, 105]). Needs PyAV; the frames
+    are those of a plain full decode in presentation order, as gemma4enc's decoder is tested to give."""
+    import tempfile
+
+    import av
+
+    wanted = {int(i): n for n, i in enumerate(row["frame_indices"])}
+    rate = stand_in_rate(row)  # before decoding: refused at once where no rate keeps the timestamps
+    frames: list = [None] * len(wanted)
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        for at, frame in enumerate(container.decode(stream)):
+            if at in wanted:
+                frames[wanted[at]] = frame.to_ndarray(format="rgb24")
+            if at >= max(wanted):
+                break
+    if any(f is None for f in frames):
+        raise ValueError(f"{path}: the file has fewer frames than the row's indices: is it still the file encoded?")
+    with tempfile.TemporaryDirectory(prefix="gemma4enc-frames-") as tmp:
+        clip = os.path.join(tmp, "frames.mkv")
+        _write_lossless(clip, np.stack(frames), rate)
+        with open(clip, "rb") as f:
+            return f.read(), "video/x-matroska"
