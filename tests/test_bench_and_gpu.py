@@ -11,6 +11,8 @@ from gemma4enc.media.patches import patchify
 
 from .helpers import close, hf_image_features, reference
 
+pytestmark = pytest.mark.slow  # `make test` leaves these out; `make test-all` and CI run them
+
 cuda = pytest.mark.cuda  # skipped where torch sees no CUDA device (conftest.py)
 
 

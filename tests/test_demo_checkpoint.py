@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from .helpers import RUN, app  # noqa: F401 - the CLI in this process
@@ -17,6 +18,7 @@ from .helpers import RUN, app  # noqa: F401 - the CLI in this process
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": "/nonexistent-hf-home"}
 
 
+@pytest.mark.slow
 def test_demo_checkpoint_tokenizes_trains_and_is_servable(tmp_path):
     result = RUN.invoke(app, ["demo", str(tmp_path / "demo")])
     assert result.exit_code == 0, result.output

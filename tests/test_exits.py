@@ -95,6 +95,7 @@ def tmpfs(where: Path, size: str):
         subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
+@pytest.mark.slow
 def test_disk_full_mid_run_exits_4_with_one_line_and_a_rerun_resumes(good, ckpt, tmp_path):
     """A real full filesystem: safetensors' own error (no strerror) and the manifest's OSError alike."""
     clean = tmp_path / "clean"

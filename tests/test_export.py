@@ -417,6 +417,7 @@ def test_lance_through_pylance_and_lancedb(ckpt, tmp_path):
     assert over["rows"] == 6 and over["dtype"] == "float16"
 
 
+@pytest.mark.slow
 def test_lance_into_s3_is_read_back_by_pylance_and_lancedb(ckpt, tmp_path, monkeypatch):
     """--to lance with an s3:// DEST (moto's S3 on loopback, found through the AWS_* variables as
     every store access is): the table holds what the local export holds, LanceDB opens it in the

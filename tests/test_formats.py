@@ -247,6 +247,7 @@ def tga_lookalike_ico(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_file_decodes_the_same_whatever_the_worker_decoded_before(tmp_path):
     ico = tga_lookalike_ico(tmp_path / "icon.ico")
     written = written_by_pillow(tmp_path)

@@ -45,6 +45,7 @@ def _compare(path, budget):
     return fast.info, _psnr(f.pixels, e.pixels)
 
 
+@pytest.mark.slow
 def test_a_grid_is_placed_tile_by_tile(tmp_path):
     path = _save(tmp_path / "grid.heic", (1400, 1000), tile_size=256)
     assert pillow_heif.open_heif(path).info["tiling"]["num_columns"] == 6  # a real grid, cut tiles

@@ -383,6 +383,7 @@ def test_16bit_and_float_images_scale_in_bands_exactly(monkeypatch):
     assert np.array_equal(got[ok], want[ok])
 
 
+@pytest.mark.slow
 def test_a_huge_16bit_png_decodes_within_its_bound(tmp_path):
     """A 176 KB 16-bit PNG of 88 M pixels (under the default --max-image-pixels) peaked at 2.4 GB in
     float64; scaled in bands it stays under 12 bytes a pixel (measured 799 MB, docs/security.md)."""
@@ -418,6 +419,7 @@ def test_frames_past_the_bytes_one_file_may_decode_to_are_refused(pics, tmp_path
     Options(model="m", sampling=Sampling(frames=543), video_tokens=1120)  # just under: taken
 
 
+@pytest.mark.slow
 def test_a_huge_manifest_line_is_read_with_a_bound(made, tmp_path):
     """A 100 MB line in a handed-over manifest (a list of 50 M numbers: gigabytes once parsed) is
     no row: inspect, verify --repair and compact count it unreadable without holding it, and the

@@ -33,7 +33,8 @@ from .helpers import (
 )
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.usefixtures("bounded")  # every test here ends, or the run does
+# every test here ends, or the run does; slow (a Ray cluster each): `make test-all` and CI run them
+pytestmark = [pytest.mark.usefixtures("bounded"), pytest.mark.slow]
 
 RAY = ["--engine", "ray", "--ray-actors", "2", "--workers", "0"]
 

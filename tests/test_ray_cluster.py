@@ -31,7 +31,8 @@ from .helpers import (
 )
 
 pytest.importorskip("ray.cluster_utils")
-pytestmark = pytest.mark.usefixtures("bounded")  # every test here ends, or the run does
+# every test here ends, or the run does; slow (a Ray cluster each): `make test-all` and CI run them
+pytestmark = [pytest.mark.usefixtures("bounded"), pytest.mark.slow]
 
 START_S = 300  # an actor on a loaded 2-core machine may take a minute or more to start
 HANG_ENV = "G4E_TEST_HANG"

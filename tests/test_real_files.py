@@ -39,6 +39,7 @@ def scores():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", SOFT_TOKEN_BUDGETS)
 def test_the_worst_real_file_is_within_45_db_of_exact(scores, budget):
     mine = {name: s for (name, b), (s, _) in scores.items() if b == budget}

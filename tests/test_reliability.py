@@ -36,6 +36,8 @@ from .helpers import (
     verify,
 )
 
+pytestmark = pytest.mark.slow  # `make test` leaves these out; `make test-all` and CI run them
+
 
 @pytest.fixture(scope="module")
 def clean(good, ckpt, tmp_path_factory):

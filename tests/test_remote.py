@@ -180,6 +180,7 @@ def test_file_urls_are_walked_like_the_folder(good):
     assert all(abs(u.mtime_ns - i.mtime_ns) < 1000 for u, i in zip(by_url, local))
 
 
+@pytest.mark.slow
 def test_ray_actors_read_urls_and_tars_and_write_an_s3_out(s3, good, ckpt, tmp_path, monkeypatch):
     """--engine ray from an s3:// folder and an s3:// tar to an s3:// OUT, no shared folder: the
     actors read their inputs and upload their shards through s3fs, the driver writes the parts, in

@@ -178,6 +178,7 @@ def test_the_lock_is_a_conditional_create_held_by_one_run(s3, good, ckpt):
     assert "gemma4enc.lock" not in _objects(s3, prefix)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_the_same_result(s3, good, ckpt, local, tmp_path):
     """kill -9 once the first part is in the store (a shard and its part per file): the next run
     marks nothing twice, encodes only what is missing, and the store reads as a whole run's."""

@@ -52,6 +52,7 @@ def both(path, budget: int = 280):
     return exact, fast, patchify(fast.images[0], budget)
 
 
+@pytest.mark.slow
 def test_fast_is_within_45_db_of_exact_with_the_same_grid(big_photos):
     scores = {}
     for name, path in big_photos.items():
@@ -125,6 +126,7 @@ def test_the_mode_is_recorded_and_a_change_is_refused(big_photos, ckpt, tmp_path
     assert encode([*args, "--resize", "sideways"]).exit_code == 2
 
 
+@pytest.mark.slow
 def test_decode_benchmark_measures_a_folder(tmp_path):
     """benchmarks/decode.py DIR end to end on tiny files: every method of every kind, side by side."""
     import subprocess

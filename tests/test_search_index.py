@@ -232,6 +232,7 @@ def test_every_file_gone(tmp_path, data):
         assert found == []
 
 
+@pytest.mark.slow
 def test_partitions_on_ray_find_what_local_finds(data, monkeypatch):
     """A private Ray on loopback compares the partitions: the very pairs the local pass finds."""
     pytest.importorskip("ray")

@@ -73,6 +73,7 @@ def test_e2b_layout(e2b):
     check_layout(*e2b, "E2B")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["E4B", "26B-A4B", "31B"])
 def test_released_layouts(tmp_path, size):
     folder = tmp_path / size
@@ -82,6 +83,7 @@ def test_released_layouts(tmp_path, size):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_e2b_size_matches_get_image_features(e2b):
     """One photo through the full-size E2B tower, float32, against transformers (1e-4 × scale)."""
     image = photo(360, 480, seed=11)

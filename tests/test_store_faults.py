@@ -17,6 +17,8 @@ from gemma4enc.output import store
 from .faulty_store import FaultyProxy
 from .helpers import BASE, RUN, encode, loopback_s3, shard_tokens
 
+pytestmark = pytest.mark.slow  # `make test` leaves these out; `make test-all` and CI run them
+
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 

@@ -176,6 +176,7 @@ def test_varlen_call_adapts_to_each_torch_release(kind, kv_heads):
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+@pytest.mark.slow
 def test_compiled_stacks_match_get_image_features(tower32, ref_sharded, photos):
     """--compile: serial and bucket calls through the torch.compile'd layers, one graph for
     every layer and patch count; float32 tolerance as for the eager paths (1e-4 × scale)."""

@@ -220,6 +220,7 @@ def vision(name: str) -> bool:
     return name.startswith(("model.vision_tower.", "model.embed_vision."))
 
 
+@pytest.mark.slow
 def test_three_trainer_steps_give_the_same_weights(setup, tmp_path):
     """SGD: the steps agree as the gradients do. Adam divides each gradient by its own running size,
     so where a gradient lies near zero (beside eps = 1e-8) a difference of 1e-9, well inside the

@@ -252,6 +252,7 @@ def test_cli_writes_get_image_features_and_resumes(media, ckpt_unified, ckpt, re
     assert other.exit_code == 2 and "other settings" in other.output
 
 
+@pytest.mark.slow
 def test_ray_engine_equals_local(media, ckpt_unified, tmp_path):
     pytest.importorskip("ray")
     local, ray = tmp_path / "local", tmp_path / "ray"
