@@ -158,6 +158,17 @@ try:
                             f"the pixels' answer is {pixels}")
         if other is not None:
             failures.append(f"{name}: a stand-in under a request's own media_io_kwargs was answered: {other}")
+    time.sleep(1)  # the front end's stat loggers take the last step's stats
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        metrics = r.read().decode()
+    counted = {}
+    for line in metrics.splitlines():
+        for name in ("hits", "misses", "refused"):
+            if line.startswith(f"vllm:gemma4enc_{name}_total"):
+                counted[name] = counted.get(name, 0) + float(line.rsplit(" ", 1)[1])
+    found["metrics"] = counted
+    if counted.get("hits", 0) < 3 or counted.get("refused", 0) < 3:
+        failures.append(f"/metrics counts {counted}: 3 hits and 3 refusals at least were made")
 finally:
     stop()
     log.close()

@@ -36,6 +36,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorMetadata,
     ECConnectorRole,
 )
+from vllm.distributed.ec_transfer.ec_connector.metrics import ECConnectorPromMetrics, ECConnectorStats
 from vllm.logger import init_logger
 
 from .cache import STAND_IN, OutCache
@@ -46,6 +47,54 @@ logger = init_logger("vllm.gemma4enc")
 
 MARK = STAND_IN  # the stand-in's colour (requests.py): a flat image of it is no real file's
 STATS_S = 60.0  # a line of hits, misses and refusals at most this often
+
+
+COUNTS = ("hits", "misses", "refused")
+
+
+@dataclass
+class GemmaEncStats(ECConnectorStats):
+    """The scheduler's lookups since the last report: vLLM logs them ("EC Transfer metrics: hits=…")
+    and its Prometheus logger counts them (GemmaEncPromMetrics), as it does for its own connectors."""
+
+    def __post_init__(self):
+        for name in COUNTS:
+            self.data.setdefault(name, 0)
+
+    def reset(self):
+        self.data = dict.fromkeys(COUNTS, 0)
+
+    def aggregate(self, other: ECConnectorStats) -> ECConnectorStats:
+        for name in COUNTS:
+            self.data[name] = self.data.get(name, 0) + int((other.data or {}).get(name, 0))
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {name: int(self.data.get(name, 0)) for name in COUNTS}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.get(name) for name in COUNTS)
+
+
+class GemmaEncPromMetrics(ECConnectorPromMetrics):
+    """vllm:gemma4enc_hits_total, _misses_total and _refused_total on the server's /metrics."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        said = {"hits": "items answered from the OUT (the encoder not run)",
+                "misses": "items vLLM encoded itself (no key of the OUT)",
+                "refused": "requests failed: a stand-in no key of the OUT answers"}
+        self.counters = {}
+        for name in COUNTS:
+            counter = self._counter_cls(name=f"vllm:gemma4enc_{name}", documentation=f"gemma4enc: {said[name]}",
+                                        labelnames=labelnames)
+            self.counters[name] = {idx: counter.labels(*values) for idx, values in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):
+        for name in COUNTS:
+            n = int((transfer_stats_data or {}).get(name, 0))
+            if n and engine_idx in self.counters[name]:
+                self.counters[name][engine_idx].inc(n)
 
 
 @dataclass
@@ -98,7 +147,8 @@ class GemmaEncConnector(ECConnectorBase):
         self._pending: list[tuple[str, str]] = []
         self._refused: set[str] = set()  # request ids whose stand-in no key answers
         self.loaded = 0  # items served from OUT by this (worker) connector
-        self.counts = {"hits": 0, "misses": 0, "refused": 0}
+        self.counts = dict.fromkeys(COUNTS, 0)  # since start: the minute's log line
+        self._interval = GemmaEncStats()  # since vLLM last asked: its stats and metrics
         self._said = time.monotonic()
 
     @property
@@ -143,11 +193,28 @@ class GemmaEncConnector(ECConnectorBase):
 
     def _count(self, what: str) -> None:
         self.counts[what] += 1
+        self._interval.data[what] += 1
         now = time.monotonic()
         if now - self._said >= STATS_S:
             self._said = now
             logger.info("gemma4enc: %s: %d hits, %d misses (vLLM encoded them), %d stand-ins refused",
                         self.out, self.counts["hits"], self.counts["misses"], self.counts["refused"])
+
+    # stats: vLLM asks the scheduler's connector after each step
+
+    def get_ec_connector_stats(self) -> ECConnectorStats | None:
+        if self._interval.is_empty():
+            return None
+        stats, self._interval = self._interval, GemmaEncStats()
+        return stats
+
+    @classmethod
+    def build_ec_connector_stats(cls, data: dict[str, Any] | None = None) -> ECConnectorStats | None:
+        return GemmaEncStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return GemmaEncPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # scheduler side
 
