@@ -47,6 +47,7 @@ VIDEO_KEYS = (
     "truncated",
     "missing_frames",
     "frames_asked",
+    "undecodable_packets",
 )
 
 

@@ -100,8 +100,10 @@ def test_a_seek_that_cannot_land_still_delivers_every_frame(camcorder, monkeypat
     assert read(got) == got.indices == Sampling(frames=8).indices(FRAMES) and not got.info["missing"]
 
 
-def test_a_frame_that_cannot_be_decoded_is_named_in_the_row(tmp_path):
-    """MJPEG: every frame its own packet; one sampled frame's bytes zeroed cannot decode."""
+def test_a_frame_that_cannot_be_decoded_is_not_a_frame_and_the_row_says_so(tmp_path):
+    """MJPEG: every frame its own packet; one sampled frame's bytes zeroed cannot decode. A plain
+    decode outputs 39 frames: the clip is numbered and sampled as those (issue 46: it was 40 with
+    that one "missing"), and the row counts the packet that did not decode."""
     import av
 
     path = write_clip(tmp_path / "cam.avi", "mjpeg", frames=40, pix_fmt="yuvj420p")
@@ -115,8 +117,9 @@ def test_a_frame_that_cannot_be_decoded_is_named_in_the_row(tmp_path):
     path.write_bytes(bytes(data))
     (item,), _ = discover([str(path)])
     done = prepare(item, Options(sampling=Sampling(frames=8), video_backend="pyav"))
-    assert done.status == "ok" and done.video["missing_frames"] == [victim]
-    assert done.video["frame_indices"] == [i for i in asked if i != victim] and len(done.patches) == 7
+    assert done.status == "ok" and "missing_frames" not in done.video
+    assert done.video["undecodable_packets"] == 1 and done.video["total_frames"] == 39
+    assert done.video["frame_indices"] == Sampling(frames=8).indices(39) and len(done.patches) == 8
 
 
 def faststart_mp4(path: Path, frames: int = FRAMES) -> Path:
@@ -299,3 +302,51 @@ def test_a_cut_file_s_duration_is_what_is_there(tmp_path):
     cut.write_bytes(data[: len(data) * 6 // 10])
     got = decode_video(str(cut), Sampling(frames=4), "pyav")
     assert got.info["truncated"] and got.info["duration"] == pytest.approx(got.info["total_frames"] / 25, abs=1e-6)
+
+
+def test_a_long_clip_that_seeks_is_renumbered_where_a_packet_fails(tmp_path):
+    """Past video.WHOLE_FRAMES a clip seeks, decoding only what its samples need. A sampled MJPEG
+    frame zeroed: the seek meets the refused packet, and the clip is numbered as a full decode
+    outputs it (1,099 frames), not by its 1,100 packets."""
+    import av
+
+    from gemma4enc.media import video
+
+    frames = video.WHOLE_FRAMES + 140
+    path = write_clip(tmp_path / "long.avi", "mjpeg", frames=frames, pix_fmt="yuvj420p")
+    with av.open(str(path)) as container:
+        packets = [(p.pts, p.pos, p.size) for p in container.demux(video=0) if p.size]
+    victim = Sampling(frames=8).indices(frames)[5]
+    _, pos, size = sorted(packets)[victim]
+    data = bytearray(path.read_bytes())
+    data[pos: pos + size] = bytes(size)
+    path.write_bytes(bytes(data))
+    got = decode_video(str(path), Sampling(frames=8), "pyav")
+    assert got.info["total_frames"] == frames - 1 and got.info["undecodable"] == 1
+    expected = [i if i < victim else i + 1 for i in Sampling(frames=8).indices(frames - 1)]
+    assert read(got) == expected  # each sample the frame a plain decode numbers so (its bar code)
+    assert got.indices == Sampling(frames=8).indices(frames - 1)
+
+
+def test_keyframe_seek_in_hevc_with_long_gops_gives_every_keyframe(tmp_path):
+    """HEVC as x265 writes it by default (open GOPs, B-frames), keyframes 250 apart: with only
+    keyframes decoded, the decoder held the first and dropped it unshown at the next keyframe (its
+    sample "missing": 1 frame of 2); each wanted keyframe is now drained as it decodes."""
+    import av
+
+    frames, path = 300, tmp_path / "long-gop.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx265", rate=30)
+        stream.width, stream.height, stream.pix_fmt = *SIZE, "yuv420p"
+        stream.options = {"x265-params": "keyint=250:bframes=3:log-level=error", "preset": "ultrafast"}
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(barcode_frame(i, *SIZE), format="rgb24")
+            for packet in stream.encode(frame.reformat(format="yuv420p")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    keys = _keyframes(path)
+    assert keys == [0, 250]
+    got = decode_video(str(path), Sampling(frames=8), "pyav", seek="keyframe")
+    assert got.indices == keys == snap_to_keyframes(Sampling(frames=8).indices(frames), keys)
+    assert read(got) == keys and not got.info["missing"]

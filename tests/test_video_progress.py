@@ -34,7 +34,7 @@ def test_a_keyframe_that_outputs_earlier_frames_is_not_sought_again(monkeypatch)
         assert len(seeks) <= len(KEYS), f"sought {seeks}: a loop"
         return key
 
-    def decoded(container, stream, skip, skip_mode, packets):
+    def decoded(container, stream, skip, skip_mode, packets, lost=None):
         start = 0 if packets is None else max(0, packets - 8)  # leading pictures: 8 frames before it
         return (Frame(p) for p in range(start, N))
 

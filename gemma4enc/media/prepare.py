@@ -128,6 +128,8 @@ def _video_facts(frames: Frames) -> dict:
         video["truncated"] = True
     if frames.info.get("missing"):  # asked for, not decodable: the row says which
         video["missing_frames"] = frames.info["missing"]
+    if frames.info.get("undecodable"):  # a damaged file: numbered by the frames that came out
+        video["undecodable_packets"] = frames.info["undecodable"]
     if frames.info.get("frames_asked", 0) > len(frames.indices):  # --seek folded some together
         video["frames_asked"] = frames.info["frames_asked"]
     return video

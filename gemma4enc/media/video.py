@@ -85,15 +85,22 @@ def upright(array: np.ndarray, frame) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
+class Renumber(Exception):
+    """The decoder does not output the frames the packets promised (a packet that fails to
+    decode, stamps out of output order, a frame no packet named): number the clip by its output."""
+
+
 def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str = "exact") -> Frames:
     """Index the stream by demuxing, then decode forward, seeking only past keyframes.
 
-    Frame n is the n-th frame in presentation (pts) order. Packets are decoded one by one so
-    a corrupt packet loses its frames, not the rest of the file. seek="keyframe": each sample
-    moves to the nearest keyframe, and only keyframes are decoded. A sampled frame the seeks
-    did not deliver is looked for once more in one pass from the file's start, without seeking;
-    what still fails is listed in info["missing"]. A stream that ends before its header says
-    is sampled from the frames it has, with info["truncated"].
+    Frame n is the n-th frame a plain full decode outputs, in presentation (pts) order. Packets are
+    decoded one by one so a corrupt packet loses its frames, not the rest of the file.
+    seek="keyframe": each sample moves to the nearest keyframe, and only keyframes are decoded. A
+    sampled frame the seeks did not deliver is looked for once more in one pass from the file's
+    start, without seeking. Where the decoding shows the packets' count wrong (Renumber), or the
+    stamps cannot number the frames (by_count), the clip is counted by a full decode and sampled
+    by that count (`_by_output`). A stream that ends before its header says is sampled from the
+    frames it has, with info["truncated"].
     """
     import av
 
@@ -106,63 +113,109 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str =
         if not index.packets:
             raise DecodeError(Status.EMPTY, "the video stream has no frames")
         fps = float(stream.average_rate or 0)
-        if index.by_count:  # no pts to number the frames by: the n-th decoded is frame n
-            times = np.arange(index.packets) / (fps or 30.0)
-        else:
-            base = stream.start_time if stream.start_time is not None else int(order[0])
-            times = (order - base) * float(stream.time_base)
+        codec = stream.codec_context.name
+        if index.by_count:
+            return _by_output(path, sampling, transform, index, codec, "no stamps to number the frames by")
+        base = stream.start_time if stream.start_time is not None else int(order[0])
+        times = (order - base) * float(stream.time_base)
         wanted = sampling.indices(len(times), times)
         asked = len(wanted)  # a seek may fold several onto one keyframe: the row says what was asked
-        if seek == "keyframe" and not index.by_count:
+        if seek == "keyframe":
             wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
-        elif seek_bound(seek) and not index.by_count:
+        elif seek_bound(seek):
             wanted = snap_within(
                 wanted, np.searchsorted(order, index.keyframes).tolist(), times, seek_bound(seek)
             )
         size: list[tuple[int, int]] = []
-        got = (
-            {}
-            if index.by_count
-            else _pyav_frames(container, stream, index, wanted, transform, size, seek == "keyframe")
-        )
-        codec = stream.codec_context.name
-    if index.by_count:  # from the very start, in a fresh demuxer: the count must begin at frame 0
-        with av.open(path) as container:
-            got = _counted_frames(container, _configured(container), wanted, transform, size)
-    missing = [i for i in wanted if i not in got]
-    if missing and not index.by_count:  # the seeks found no way to them: one pass from the start
-        with av.open(path) as container:
-            got |= _pyav_frames(
-                container,
-                _configured(container),
-                index,
-                missing,
-                transform,
-                size,
-                seek == "keyframe",
-                sequential=True,
+        whole = seek != "keyframe" and len(order) <= WHOLE_FRAMES
+        try:
+            got = (
+                {}
+                if whole
+                else _pyav_frames(container, stream, index, wanted, transform, size, seek == "keyframe")
             )
+        except Renumber as why:
+            return _by_output(path, sampling, transform, index, codec, str(why))
+    if whole:  # a short clip: every packet decoded, so the count is the decoder's, checked
+        try:
+            with av.open(_rewound(path)) as container:
+                got = _whole_frames(container, _configured(container), index, wanted, transform, size)
+        except Renumber as why:
+            return _by_output(path, sampling, transform, index, codec, str(why))
+    missing = [i for i in wanted if i not in got]
+    if missing:  # the seeks found no way to them: one pass from the start
+        try:
+            with av.open(_rewound(path)) as container:
+                got |= _pyav_frames(
+                    container,
+                    _configured(container),
+                    index,
+                    missing,
+                    transform,
+                    size,
+                    seek == "keyframe",
+                    sequential=True,
+                )
+        except Renumber as why:
+            return _by_output(path, sampling, transform, index, codec, str(why))
         missing = [i for i in wanted if i not in got]
+    return _sampled(
+        got, times, size, codec=codec, total_frames=len(times), fps=fps,
+        duration=round(index.seconds, 6), missing=missing, truncated=index.truncated, frames_asked=asked,
+    )
+
+
+def _sampled(got: dict, times, size: list, **facts) -> Frames:
+    """The frames taken, their times, and what decoding found (Frames.info)."""
     if not got:
         raise DecodeError(Status.DECODE_ERROR, "no sampled frame could be decoded")
     indices = sorted(got)
-    info = {
-        "backend": "pyav",
-        "codec": codec,
-        "total_frames": len(times),
-        "fps": fps,
-        "duration": round(index.seconds, 6),
-        "missing": missing,
-        "truncated": index.truncated,
-        "frames_asked": asked,
-        "height": size[0][0],
-        "width": size[0][1],
-    }
     return Frames(
         images=[got[i] for i in indices],
         indices=indices,
         timestamps=[round(float(times[i]), 6) for i in indices],
-        info=info,
+        info={"backend": "pyav", **facts, "height": size[0][0], "width": size[0][1]},
+    )
+
+
+def _rewound(path):
+    if not isinstance(path, str):
+        path.seek(0)
+    return path
+
+
+def _by_output(path, sampling: Sampling, transform, index, codec: str, why: str) -> Frames:
+    """The clip numbered as a plain full decode outputs it: one pass counts the frames (no colour
+    conversion), a second takes the sampled ones. The timestamps are the frames' own where they
+    rise, else the n-th frame's at the stream's rate (as transformers' video loaders number them).
+    Every sample is the frame asked for: there is no keyframe index to snap to here."""
+    import av
+
+    with av.open(_rewound(path)) as container:
+        stream = _configured(container)
+        refused: list[int] = []
+        stamps = [frame.pts for frame in _every_frame(container, stream, refused)]
+        fps = float(stream.average_rate or 0)
+        tb = float(stream.time_base)
+        start = stream.start_time
+    if not stamps:
+        raise DecodeError(Status.DECODE_ERROR, "no frame could be decoded")
+    n = len(stamps)
+    rising = None not in stamps and all(a < b for a, b in zip(stamps, stamps[1:]))
+    if rising:
+        times = (np.asarray(stamps, dtype=np.float64) - (start if start is not None else stamps[0])) * tb
+        seconds = index.seconds
+    else:
+        times = np.arange(n) / (fps or 30.0)
+        seconds = n / (fps or 30.0)
+    wanted = sampling.indices(n, times)
+    size: list[tuple[int, int]] = []
+    with av.open(_rewound(path)) as container:
+        got = _counted_frames(container, _configured(container), wanted, transform, size)
+    return _sampled(
+        got, times, size, codec=codec, total_frames=n, fps=fps, duration=round(seconds, 6),
+        missing=[i for i in wanted if i not in got], truncated=index.truncated,
+        frames_asked=len(wanted), numbered=f"by a full decode: {why}", undecodable=len(refused),
     )
 
 
@@ -187,8 +240,9 @@ def _pyav_frames(
     pending = deque(int(order[i]) for i in wanted)  # target pts, rising
     targets = set(pending)
     skip = None
+    skipped: set[int] = set()  # pts of frames the decoder was told it may drop
     if keys_only or stream.codec_context.name in SKIPS_NONREF:
-        skip = lambda packet: packet.pts not in targets
+        skip = lambda packet: packet.pts not in targets and (skipped.add(packet.pts) or True)
     skip_mode = "NONKEY" if keys_only else "NONREF"
     got: dict[int, np.ndarray] = {}
     frames, position = None, None  # the decoding run in progress and the pts it reached
@@ -196,7 +250,8 @@ def _pyav_frames(
     # at most as many decoding runs as keyframes, whatever the decoder gives back. A keyframe that
     # outputs frames before itself (an open GOP's leading pictures, or a first keyframe flagged
     # after frame 0) once sent this loop back to the same keyframe without end (issue 46).
-    seeked = None  # the keyframe the run in progress started at
+    seeked, shown = None, None  # the keyframe the run in progress started at, the last pts it output
+    lost: set[int] = set()  # pts of packets the decoder refused
 
     def onward(key: int) -> bool:  # a seek to `key` would go forward, past where decoding stands
         return not sequential and key > position and (seeked is None or key > seeked)
@@ -204,18 +259,34 @@ def _pyav_frames(
     while pending:
         key = _keyframe_before(keyframes, pending[0])
         if frames is None or onward(key):  # next target lies past the next keyframe
-            seeked = key
+            seeked, shown = key, None  # shown: the last pts this run output
             packets = (
                 None
                 if sequential or key not in index.rank
                 else videoindex.packets_from(container, stream, index, key)
             )
-            frames = _decoded(container, stream, skip, skip_mode, packets)
+            frames = _decoded(container, stream, skip, skip_mode, packets, lost)
         for frame in frames:
             position = frame.pts
-            while pending and pending[0] < position:  # its packet was corrupt: lost
+            # what the packets said is checked against what the decoder does: a frame they do not
+            # know, frames out of order, a frame of theirs refused or passed over (issue 46)
+            if position not in index_of or (shown is not None and position <= shown):
+                raise Renumber(f"the decoder output pts {position} after {shown}")
+            if lost and any(p in index_of for p in lost):
+                raise Renumber(f"packets that did not decode: pts {sorted(lost)[:3]}")
+            while pending[0] < position:
+                if not keys_only:
+                    raise Renumber(f"pts {pending[0]} was not output before {position}")
+                # only keyframes decoded: HEVC drops a held frame at the next IRAP; it is missing
                 pending.popleft()
-            if pending and pending[0] == position:
+                if not pending:
+                    return got
+            if not keys_only and shown is not None and any(
+                int(order[j]) not in skipped for j in range(index_of[shown] + 1, index_of[position])
+            ):
+                raise Renumber(f"a frame between pts {shown} and {position} was not output")
+            shown = position
+            if pending[0] == position:
                 rgb = upright(frame.to_ndarray(format="rgb24"), frame)
                 size.append(rgb.shape[:2])
                 got[index_of[position]] = transform(rgb)  # one full-size frame in memory at a time
@@ -223,31 +294,71 @@ def _pyav_frames(
             if not pending or onward(_keyframe_before(keyframes, pending[0])):
                 break
         else:
-            break  # end of stream: the rest cannot be found
+            if sequential and not keys_only:  # a pass from the start ended and these never came out
+                raise Renumber(f"pts {pending[0]} never output")
+            break  # end of stream: the seek found no way to the rest (a pass from the start follows)
     return got
+
+
+def _whole_frames(container, stream, index, wanted, transform, size) -> dict[int, object]:
+    """One pass over every packet from the start to the end: each frame the decoder outputs must be
+    the next one the index lists, or follow frames it was told it may drop (non-reference ones no
+    sample needs, as the seeking path skips them); every other frame must come out (else Renumber)."""
+    order = index.order
+    index_of = {int(p): i for i, p in enumerate(order)}
+    targets, got, n = set(wanted), {}, 0
+    skipped: set[int] = set()
+    lost: set[int] = set()
+    skip = None
+    if stream.codec_context.name in SKIPS_NONREF:
+        skip = lambda packet: _droppable(packet, targets, index_of, skipped)
+    for frame in _decoded(container, stream, skip, "NONREF", None, lost):
+        at = index_of.get(frame.pts)
+        if at is None or at < n or any(int(order[j]) not in skipped for j in range(n, at)):
+            raise Renumber(f"the decoder output pts {frame.pts} as frame {n}")
+        if at in targets:
+            rgb = upright(frame.to_ndarray(format="rgb24"), frame)
+            size.append(rgb.shape[:2])
+            got[at] = transform(rgb)
+        n = at + 1
+    if any(p in index_of for p in lost):
+        raise Renumber(f"packets that did not decode: pts {sorted(lost)[:3]}")
+    if any(int(order[j]) not in skipped for j in range(n, len(order))):
+        raise Renumber(f"{n} frames output where the packets name {len(order)}")
+    return got
+
+
+def _droppable(packet, targets: set, index_of: dict, skipped: set) -> bool:
+    """Whether the decoder may drop this packet's frame (no sample needs it); noted in `skipped`."""
+    if index_of.get(packet.pts) in targets:
+        return False
+    skipped.add(packet.pts)
+    return True
+
+
+def _every_frame(container, stream, refused: list | None = None):
+    """Every frame a plain decode outputs, in output order; a packet that fails to decode is passed
+    over, and counted in `refused` (the flush packet at the end gives the last frames)."""
+    import av
+
+    for packet in container.demux(stream):
+        try:
+            yield from packet.decode()
+        except av.error.InvalidDataError:
+            if refused is not None:
+                refused.append(packet.pts)
 
 
 def _counted_frames(container, stream, wanted, transform, size) -> dict[int, object]:
     """Frame number -> transform(RGB array), numbering the frames as the decoder gives them, from the start."""
-    import av
-
-    pending, got, n = set(wanted), {}, 0
+    pending, got = set(wanted), {}
     last = max(wanted, default=-1)
-
-    def frames():
-        for packet in container.demux(stream):
-            try:
-                yield from packet.decode()  # the flush packet at the end gives the last frames
-            except av.error.InvalidDataError:
-                continue
-
-    for frame in frames():
+    for n, frame in enumerate(_every_frame(container, stream)):
         if n in pending:
             rgb = upright(frame.to_ndarray(format="rgb24"), frame)
             size.append(rgb.shape[:2])
             got[n] = transform(rgb)
-        n += 1
-        if n > last:
+        if n >= last:
             break
     return got
 
@@ -294,7 +405,7 @@ def _keyframe_before(keyframes: list[int], pts: int) -> int:
     return keyframes[max(i, 0)] if keyframes else pts
 
 
-def _decoded(container, stream, skip=None, skip_mode="NONREF", packets=None):
+def _decoded(container, stream, skip=None, skip_mode="NONREF", packets=None, lost=None):
     """Frames in presentation order, packet by packet, skipping packets that fail to decode.
 
     `skip(packet)` True: its frame is not wanted, so the decoder may drop it unless another
@@ -310,7 +421,14 @@ def _decoded(container, stream, skip=None, skip_mode="NONREF", packets=None):
             context.skip_frame = skip_mode if packet.pts is not None and skip(packet) else "DEFAULT"
         try:
             frames = packet.decode()
+            if skip_mode == "NONKEY" and context.skip_frame == "DEFAULT" and packet.size:
+                # a wanted keyframe, and only keyframes decode: drain it now, for the decoder would
+                # hold it and HEVC drops held frames at the next keyframe (IRAP) unshown
+                frames = [*frames, *context.decode(None)]
+                context.flush_buffers()
         except av.error.InvalidDataError:
+            if lost is not None and packet.pts is not None:
+                lost.add(packet.pts)
             continue
         for frame in frames:
             if frame.pts is not None:
@@ -383,6 +501,8 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
             stream = container.streams.video[0]
             if stream.codec_context is None:  # FFmpeg knows no decoder for it (a `dav1` track, say)
                 raise DecodeError(Status.UNSUPPORTED, "no decoder for this video codec in this FFmpeg build")
+            if "enc_key_id" in stream.metadata:  # Matroska/WebM ContentEncryption (FFmpeg names the key)
+                raise DecodeError(Status.UNSUPPORTED, ENCRYPTED)
             pixels = (stream.width or 0) * (stream.height or 0)
             codec = stream.codec_context.name
     except av.error.FFmpegError as e:
@@ -399,6 +519,13 @@ def _probe(path: str, max_pixels: int | None) -> str | None:
 # decoder threads per video: 1 while every worker is busy; the pool raises it for a run's last
 # files, when fewer files than workers remain and their cores would idle
 THREADS = 1
+
+
+# clips of at most this many frames are decoded whole (every packet, in one pass: each output
+# checked, so a packet the decoder refuses is never counted as a frame); longer ones seek, and
+# only what they decode is checked (docs/format.md). Below it, seeking saves little: a sample
+# every 30 frames or closer, a GOP or less apart.
+WHOLE_FRAMES = 32 * 30
 
 
 # decoders whose packets carry their frame's pts and that drop non-reference frames on request
@@ -425,7 +552,10 @@ def _refuse_encrypted(path) -> None:
     except OSError:
         return  # unreadable: decoding says why
     if found:
-        raise DecodeError(Status.UNSUPPORTED, "encrypted (Common Encryption): it cannot be decoded without its key")
+        raise DecodeError(Status.UNSUPPORTED, ENCRYPTED)
+
+
+ENCRYPTED = "encrypted (CENC in MP4, ContentEncryption in WebM): it cannot be decoded without its key"
 
 
 def decode_video(

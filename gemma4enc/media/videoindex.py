@@ -9,6 +9,12 @@ it landed against the decode order this pass recorded, and hands the decoder pac
 keyframe itself. MPEG-PS also splits a frame over several packets with the same pts: frames
 are stamped unreliably: a packet without a pts, or two frames stamped alike. Such a stream is
 numbered by count (`by_count`): frame n is the n-th frame the decoder gives, read from the start.
+
+A packet is a frame only if the decoder outputs one for it: an edit list's pre-roll (flagged
+discard) and VP8/VP9's hidden frames (an alt-ref reference sent on its own, `show_frame` 0 in
+its header) are decoded and never shown, so they are seek points but not frames. What packets
+cannot tell (one that fails to decode, stamps out of order) the decoding itself checks
+(video.Renumber): the clip is then numbered by a full decode's output.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ def scan(container, stream) -> Index:
     video_end = None  # pts + duration of the last video packet, in the stream's units
     last = None  # the last frame's (pts, duration): where the stream ends when the header does not say
     other_end = 0.0  # seconds, absolute: the furthest any other stream reaches
+    codec = stream.codec_context.name
+    unshown: set[int] = set()  # hidden frames' pts
     for packet in container.demux():
         if packet.stream.index != stream.index:
             if packet.pts is not None and packet.time_base:
@@ -51,7 +59,16 @@ def scan(container, stream) -> Index:
             continue
         if not packet.size:
             continue
-        packets += 1
+        hidden = codec in HIDDEN_FRAMES and not shown(memoryview(packet), codec)
+        packets += not hidden
+        if hidden:
+            if packet.pts is not None and packet.pts not in rank:
+                rank[packet.pts] = len(rank)  # decoded (a later frame refers to it), never output
+                unshown.add(packet.pts)
+            continue
+        if packet.pts in unshown:  # a shown frame stamped as the hidden one before it
+            unshown.discard(packet.pts)
+            del rank[packet.pts]
         if packet.pts is None or packet.pts in rank:  # MPEG-PS: no stamp, or another frame's
             by_count = True
             continue
@@ -80,6 +97,47 @@ def scan(container, stream) -> Index:
         index.truncated, index.header = _cut(container, stream, packets, video_end, other_end)
         index.seconds = length(stream, index, last)
     return index
+
+
+HIDDEN_FRAMES = {"vp8", "vp9", "libvpx", "libvpx-vp9"}  # codecs whose packets may hold a frame never shown
+
+
+def shown(data: memoryview, codec: str) -> bool:
+    """Whether a VP8/VP9 packet outputs a frame: its header's show_frame bit (VP9: or
+    show_existing_frame); a VP9 superframe (several frames in one packet, the index at its end)
+    outputs one if any frame in it does. Anything unreadable counts as shown (the decoding checks)."""
+    if not len(data):
+        return False
+    if "9" not in codec:
+        return bool(data[0] & 0x10)  # VP8's frame tag: bit 4, show_frame
+    last = data[-1]
+    if last & 0xE0 == 0xC0:  # a superframe index: 0b110 marker, size bytes, frame count
+        count, width = (last & 7) + 1, ((last >> 3) & 3) + 1
+        size = 2 + width * count
+        if len(data) >= size and data[-size] == last:
+            at, frames = len(data) - size + 1, []
+            for _ in range(count):
+                frames.append(int.from_bytes(bytes(data[at: at + width]), "little"))
+                at += width
+            start = 0
+            for n in frames:
+                if n and start < len(data) - size and _vp9_shown(data[start]):
+                    return True
+                start += n
+            return False
+    return _vp9_shown(data[0])
+
+
+def _vp9_shown(first: int) -> bool:
+    """VP9's uncompressed header, first byte: frame_marker (2 bits), profile (2, and a reserved
+    bit in profile 3), show_existing_frame, then frame_type and show_frame."""
+    if first >> 6 != 2:
+        return True  # not a VP9 frame header as far as known: counted, the decoding checks
+    profile = ((first >> 4) & 1) << 1 | ((first >> 5) & 1)
+    bit = 3 if profile < 3 else 2  # the bit after the profile (and the reserved bit)
+    if (first >> bit) & 1:  # show_existing_frame: a frame decoded earlier is shown now
+        return True
+    return bool((first >> (bit - 2)) & 1)  # skip frame_type: show_frame
 
 
 # containers with no length in a header: FFmpeg's stream duration is its own estimate from the
