@@ -11,7 +11,7 @@ VENV_LOWEST ?= .venv-lowest
 LOWEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 PARITY := tests/test_tower.py tests/test_model.py tests/test_gemma_client.py tests/test_vision.py
 
-.PHONY: venv install wheel-check test test-all test-lowest test-torchvision test-vllm bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos bench-fixed demo clean
+.PHONY: venv install check wheel-check test test-all test-lowest test-torchvision test-vllm bench bench-e2e bench-rss bench-decode bench-video bench-ledger bench-photos bench-fixed demo clean
 
 # a venv with torch: kept where one is installed, else CUDA's where a GPU answers, else the CPU wheel
 venv:
@@ -26,6 +26,10 @@ venv:
 
 install: venv
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+
+# types where objects meet: the output folder's seam and the Ray driver, 0 errors (pyproject's [tool.mypy])
+check:
+	$(PY) -m mypy gemma4enc/output gemma4enc/run/ray
 
 # what `pip install .` ships, as a user gets it: the sdist and the wheel built, the wheel (not
 # editable) installed into a fresh venv, then run from outside the checkout: --version, demo, encode, verify

@@ -14,7 +14,7 @@ from gemma4enc.media.patches import patchify
 from gemma4enc.options import SOFT_TOKEN_BUDGETS
 
 REAL = Path(__file__).parent / "data" / "real"
-FILES = sorted(p for p in REAL.iterdir() if p.suffix != ".md")
+FILES = sorted(p for p in REAL.iterdir() if p.is_file() and p.suffix != ".md")  # video/: test_real_videos
 MAX = 89_478_485
 FLOOR_DB = 45.0
 

@@ -26,7 +26,7 @@ def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
     ledger = (ledger or Ledger(folder)).refresh()
     if not ledger.path.exists():
         raise UsageError(not_an_output(folder))
-    gone = {ledger.get(p).offset: p for p in ledger if not exists(p)} if prune else {}
+    gone = {ledger.entry(p).offset: p for p in ledger if not exists(p)} if prune else {}
     moved, replaced = (
         _rewrite_shards(out, ledger, gone) if gone else ({}, [])
     )  # before the manifest: see above
@@ -48,7 +48,7 @@ def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
 
     before = ledger.lines
     atomic_write(ledger.path, write)
-    tokens = sum(ledger.get(p).tokens for p in gone.values())
+    tokens = sum(ledger.entry(p).tokens for p in gone.values())
     ledger.refresh()  # the manifest is a new file now: read anew
     named = ledger.shards()
     for p in folder.iterdir():  # the shards pruned files left, and those only superseded rows named
@@ -72,8 +72,9 @@ def _rewrite_shards(
     for _, e in ledger.entries():
         if e.shard and e.index >= 0:
             by_shard.setdefault(e.shard, []).append((e.index, e.offset))
-    hit = sorted({ledger.get(p).shard for p in gone.values()} & set(by_shard))
-    moved, number = {}, out.next_shard()
+    hit = sorted({s for p in gone.values() if (s := ledger.entry(p).shard)} & set(by_shard))
+    moved: dict[int, dict] = {}
+    number = out.next_shard()
     for name in hit:
         kept = sorted((i, off) for i, off in by_shard[name] if off not in gone)
         if kept:

@@ -119,7 +119,7 @@ def export(
     return report | {"seconds": round(time.perf_counter() - start, 3)}
 
 
-def export_to(out, to: str, dest: str, *args, overwrite: bool = False) -> dict:
+def export_to(out, to: str, dest, *args, overwrite: bool = False) -> dict:
     """export() into DEST, a folder or a URL (s3://bucket/prefix): to a store, the export is made
     in a temp folder here (the disk holds it whole), then each file is uploaded, export.json last
     (an export that stops on the way has none, as locally)."""
@@ -130,7 +130,7 @@ def export_to(out, to: str, dest: str, *args, overwrite: bool = False) -> dict:
     from .store import SAVED, Store
 
     if not is_url(str(dest)) or to == "lance":  # Lance writes to a store itself
-        return export(out, to, dest, *args, overwrite)
+        return export(out, to, dest, *args, overwrite=overwrite)  # type: ignore[misc]  # args: export's, up to file_bytes
     store = Store(str(dest))
     try:
         there = store.find_all("list DIR")
@@ -143,7 +143,7 @@ def export_to(out, to: str, dest: str, *args, overwrite: bool = False) -> dict:
     store.delete(sorted(n for n in there if OURS.match(n)))
     local = Path(tempfile.mkdtemp(prefix="gemma4enc-export-"))
     try:
-        report = export(out, to, local / "dest", *args, False)
+        report = export(out, to, local / "dest", *args, overwrite=False)  # type: ignore[misc]
         for name in [*report["files"], INFO]:
             store.upload(local / "dest" / name, name)
     except OutputError as e:

@@ -76,7 +76,8 @@ def row_meta(rec: Record, per_frame: bool) -> dict:
     }
     if per_frame:
         f, video = rec.frame, row.get("kind") == "video"
-        pick = (lambda key: (row.get(key) or [None] * (f + 1))[f]) if video else (lambda key: None)
+        at = f or 0  # a record of a video's frame carries its frame
+        pick = (lambda key: (row.get(key) or [None] * (at + 1))[at]) if video else (lambda key: None)
         meta |= {"frame": f, "frame_index": pick("frame_indices"), "timestamp": pick("timestamps")}
         if video:
             meta["tokens"] = pick("frame_tokens")
@@ -223,7 +224,9 @@ class ClipWriter(Writer):
     def _open_file(self, number: int) -> None:
         self.npy = NpyStream(self.temp(f"img_emb/img_emb_{number}.npy"), np.dtype(self.dtype), self.dim)
         self.pq = self.parquet(f"metadata/metadata_{number}.parquet", self.meta_schema())
-        self.vectors, self.metas, self.held = [], [], 0
+        self.vectors: list[np.ndarray] = []
+        self.metas: list[dict] = []
+        self.held = 0
 
     def write(self, rec: Record, meta: dict) -> int:
         self.vectors.append(np.array(rec.pooled))  # a copy: a view would hold on to its whole window
@@ -267,7 +270,9 @@ class ParquetWriter(Writer):
                 ("pooled", pa.list_(value, self.dim)),
             ]
         )
-        features = {name: {"dtype": kind, "_type": "Value"} for name, kind in self.columns.items()}
+        features: dict[str, dict] = {
+            name: {"dtype": kind, "_type": "Value"} for name, kind in self.columns.items()
+        }
         features["soft_tokens"] = {"shape": [None, self.dim], "dtype": self.dtype, "_type": "Array2D"}
         features["pooled"] = {
             "feature": {"dtype": self.dtype, "_type": "Value"},
@@ -276,9 +281,13 @@ class ParquetWriter(Writer):
         }
         hf = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
         self.pq = self.parquet(f"data/train-{number:05d}.parquet", schema.with_metadata(hf))
-        self.tokens, self.pooled, self.metas, self.held = [], [], [], 0
+        self.tokens: list[np.ndarray] = []
+        self.pooled: list[np.ndarray] = []
+        self.metas: list[dict] = []
+        self.held = 0
 
     def write(self, rec: Record, meta: dict) -> int:
+        assert rec.tokens is not None  # this layout exports tokens: they were read
         tokens = cast(rec.tokens, self.dtype)
         self.tokens.append(tokens)
         self.pooled.append(np.array(rec.pooled))
@@ -326,6 +335,7 @@ class TarWriter(Writer):
 
     def write(self, rec: Record, meta: dict) -> int:
         key, self.key = f"{self.key:09d}", self.key + 1
+        assert rec.tokens is not None  # this layout exports tokens: they were read
         tokens = cast(rec.tokens, self.dtype)
         mtime = max(meta["mtime_ns"] or 0, 0) // 10**9
         self._member(f"{key}.npy", _npy(tokens), mtime)

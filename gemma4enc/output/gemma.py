@@ -67,7 +67,8 @@ class Media:
 def encoder_output(tensors: list[torch.Tensor]):
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    return BaseModelOutputWithPooling(pooler_output=tensors)
+    # a list of per-item tensors, as Gemma 4's own get_image_features hands its caller
+    return BaseModelOutputWithPooling(pooler_output=tensors)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -196,7 +197,8 @@ def model_inputs(emb, paths, device=None, dtype=None, model=None) -> ModelInputs
     if isinstance(model, torch.nn.Module):
         device = model.device if device is None else device
         dtype = model.dtype if dtype is None else dtype
-    media, outputs = [], {"image": [], "video": []}
+    media: list = []
+    outputs: dict[str, list] = {"image": [], "video": []}
     for path, row in zip(paths, rows):
         frames = [
             torch.as_tensor(f).to(device=device, dtype=dtype) for f in emb.frames(path)

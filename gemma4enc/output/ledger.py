@@ -14,7 +14,7 @@ import os
 import re
 from array import array
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Any, BinaryIO, Iterator, NamedTuple
 
 from ..rows import Status
 from .files import MANIFEST, bounded_lines, own_opener
@@ -27,7 +27,7 @@ class Entry(NamedTuple):
     mtime_ns: int
     offset: int  # byte offset of the row in the manifest
     tokens: int
-    index: int  # -1: no shard
+    index: int  # type: ignore[assignment]  # -1: no shard (the field shadows tuple.index; rows name it so)
     shard: str | None
     status: str
     kind: str
@@ -64,7 +64,7 @@ class Ledger:
 
     def __init__(self, out: Path):
         self.path = Path(out) / MANIFEST
-        self._file = None  # the manifest held open (load(pin=True))
+        self._file: BinaryIO | None = None  # the manifest held open (load(pin=True))
         self._reset(None)
 
     def _reset(self, ino) -> None:
@@ -78,7 +78,7 @@ class Ledger:
         ]  # code 0 is None: shard names, statuses, kinds, roots, folders
         self.codes: dict[str | None, int] = {None: 0}
         self._live = None  # (sorted hashes, their rows) of the latest rows: built when first asked
-        self._counts = None  # shard code → latest rows that name it
+        self._counts: Any = None  # shard code → latest rows that name it (a numpy array once built)
         self._roots: list[
             int
         ] = []  # codes of the roots latest rows record (a few): where a moved file's row may be
@@ -272,10 +272,17 @@ class Ledger:
             c["tokens"][r],
             c["index"][r],
             s[c["shard"][r]],
-            s[c["status"][r]],
-            s[c["kind"][r]],
+            s[c["status"][r]] or "",  # every row has a status and a kind: code 0 never stands here
+            s[c["kind"][r]] or "",
             s[c["root"][r]],
         )
+
+    def entry(self, path: str) -> Entry:
+        """The latest row's entry of a path the manifest holds (KeyError for one it does not)."""
+        found = self.get(path)
+        if found is None:
+            raise KeyError(path)
+        return found
 
     def get(self, path: str) -> Entry | None:
         r = self._find(path)
@@ -333,13 +340,15 @@ class Ledger:
         """Latest ok rows of another root with this rel and size: where a moved root's file was."""
         self._index()
         for code in (c for c in self._roots if c):
-            path = os.path.join(self.strings[code], rel)
+            root = self.strings[code]
+            assert root is not None  # code 0 (None) is left out above
+            path = os.path.join(root, rel)
             entry = self.get(path)
             if (
                 entry is not None
                 and entry.status == Status.OK
                 and entry.size == size
-                and entry.root == self.strings[code]
+                and entry.root == root
             ):
                 yield path, entry
 
@@ -350,7 +359,7 @@ class Ledger:
 
     def row(self, path: str) -> dict:
         """The whole latest row, read from its offset."""
-        return next(self.rows_at([self.get(path).offset]))
+        return next(self.rows_at([self.entry(path).offset]))
 
     def rows_at(self, offsets, rising: bool = True) -> Iterator[dict]:
         """Rows at these offsets (read in rising order, one pass over the file; or as given)."""
@@ -428,7 +437,8 @@ def _path_in(col: dict, names: bytearray, strings: list, r: int) -> str:
 
 def _runs(positions: list[int]) -> Iterator[tuple[int, int]]:
     """Rising positions i (each meaning i and i + 1 go together) → (first, last) of each run."""
-    lo = prev = None
+    lo: int | None = None
+    prev = 0
     for i in positions:
         if lo is None or i != prev + 1:
             if lo is not None:

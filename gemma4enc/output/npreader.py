@@ -173,14 +173,14 @@ class NumpyEmbeddings(Rows):
     """As shards.Embeddings (`emb[path]`, `frames`, `pooled`, `row`, `pooled_matrix`), with numpy
     float32 arrays; `mm_encoder_outputs` hands Gemma 4 torch tensors, so it alone needs torch."""
 
-    def __init__(self, out: str | os.PathLike):
+    def __init__(self, out: str | os.PathLike | Out):
         self._open(out)
 
-    def _shard(self, path) -> tuple[dict, Shard]:
+    def _shard(self, path) -> tuple[Row, Shard]:
         row = self.ok_row(path)
         return row, Shard(self.out.shard_path(row["shard"]))
 
-    def _tokens_shard(self, path) -> tuple[dict, Shard]:
+    def _tokens_shard(self, path) -> tuple[Row, Shard]:
         row, shard = self._shard(path)
         if "tokens" not in shard:
             raise KeyError(
@@ -209,7 +209,8 @@ class NumpyEmbeddings(Rows):
     def pooled_matrix(self, per_frame: bool = False, window: int = 1 << 16):
         """(keys, (N, D) float32) as shards.Embeddings.pooled_matrix gives, without torch: one row
         per file (its latest) in manifest order; with per_frame, one per sampled video frame."""
-        keys, by_shard = [], {}
+        keys: list = []  # paths, or (path, frame) with per_frame
+        by_shard: dict[str, list] = {}
         for path, row in self.ok_rows():
             frames = per_frame and row["kind"] == "video"
             by_shard.setdefault(row["shard"], []).append((row["index"], len(keys), frames))

@@ -54,7 +54,8 @@ def judge(rows: dict[int, Seen]) -> dict[int, str]:
     """The state of each row (by id). Of the live rows that name one file (the same device and
     inode), one is that file's row: the one whose path is its own real path, else the first id;
     the others are aliases."""
-    states, files = {}, {}
+    states: dict[int, str] = {}
+    files: dict[tuple[int, int], list[int]] = {}  # (device, inode) -> the ids of its rows
     for i, row in sorted(rows.items()):
         states[i], key = look(row)
         if key is not None:

@@ -30,13 +30,13 @@ def open_out(where, write: bool = False, overwrite: bool = False) -> Out:
         return out
     from .storeout import StoreOut
 
-    out = StoreOut(str(where))
+    store = StoreOut(str(where))
     try:
-        out.open(write, overwrite)
+        store.open(write, overwrite)
     except BaseException:
-        out.close()
+        store.close()
         raise
-    return out
+    return store
 
 
 @contextlib.contextmanager

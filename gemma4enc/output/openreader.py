@@ -17,10 +17,10 @@ def open_reader(where, framework: str = "pt"):
     each shard fetched when first read, all removed when the reader is."""
     if framework not in ("pt", "numpy"):
         raise ValueError(f"framework {framework!r}: use 'pt' or 'numpy'")
-    if framework == "numpy":
-        from .npreader import NumpyEmbeddings as reader
-    else:
-        from .reader import Embeddings as reader
+    from .npreader import NumpyEmbeddings
+    from .reader import Embeddings
+
+    reader: type[NumpyEmbeddings] | type[Embeddings] = NumpyEmbeddings if framework == "numpy" else Embeddings
     try:
         out = open_out(where)
     except OutputError as e:  # keys, endpoint, a store down: said without a run's advice

@@ -8,7 +8,9 @@ import os
 import torch
 from safetensors import safe_open
 
+from ..rows import Row
 from .npreader import Rows
+from .out import Out
 
 
 class Embeddings(Rows):
@@ -17,7 +19,7 @@ class Embeddings(Rows):
     Only the manifest is read up front; each lookup opens one shard and slices its rows.
     """
 
-    def __init__(self, out: str | os.PathLike):
+    def __init__(self, out: str | os.PathLike | Out):
         self._open(out)
 
     def __getitem__(self, path) -> torch.Tensor:
@@ -66,7 +68,7 @@ def no_tokens(path, out) -> str:
     )
 
 
-def _index(row: dict, f) -> int:
+def _index(row: Row, f) -> int:
     """The row's index, checked against its shard (0 <= index < items): a wrong one is refused in
     one line, never read as another file's tokens (a negative index would count from the end)."""
     i, items = row["index"], f.get_slice("item_offsets").get_shape()[0] - 1

@@ -60,7 +60,8 @@ def _shard_rows(f, members: list[tuple[int, int, bool]], window: int):
 def pooled_matrix(emb, per_frame: bool = False, window: int = WINDOW):
     """(keys, (N, D) float32): one row per file (its latest), in manifest order; with
     per_frame, one row per sampled video frame (keys (path, frame)), an image keeping one row."""
-    keys, by_shard = [], defaultdict(list)
+    keys: list = []  # paths, or (path, frame) with per_frame
+    by_shard: defaultdict[str, list] = defaultdict(list)
     for path, row in emb.ok_rows():
         frames = per_frame and row["kind"] == "video"
         by_shard[row["shard"]].append((row["index"], len(keys), frames))

@@ -16,6 +16,7 @@ that shard is on disk (temp name, fsync, rename, fsync of the folder).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -100,7 +101,7 @@ class ShardWriter:
     ):
         from .opening import as_out
 
-        self.sink = sink if hasattr(sink, "publish") else as_out(sink)
+        self.sink: ShardSink = as_out(sink) if isinstance(sink, (str, os.PathLike)) else sink
         self.out, self.dtype = self.sink.folder, getattr(torch, out_dtype)  # a name of options.OUT_DTYPES
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
         self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds
@@ -217,11 +218,14 @@ class ShardWriter:
 
     def _stack_pooled(self, ok: list[Pending]) -> dict[str, torch.Tensor]:
         """--store pooled: the offsets as a tokens shard has them, the means, no tokens."""
-        frame_sizes = torch.tensor([0] + [s for p in ok for s in p.sizes])
+        sizes = [p.sizes or [] for p in ok]  # every ok file's, under --store pooled
+        means = [p.mean for p in ok if p.mean is not None]
+        assert len(means) == len(ok)
+        frame_sizes = torch.tensor([0] + [s for each in sizes for s in each])
         return {
-            "item_offsets": torch.tensor([0] + [sum(p.sizes) for p in ok]).cumsum(0),
+            "item_offsets": torch.tensor([0] + [sum(each) for each in sizes]).cumsum(0),
             "frame_offsets": frame_sizes.cumsum(0),
-            "item_frames": torch.tensor([0] + [len(p.sizes) for p in ok]).cumsum(0),
-            "pooled": torch.stack([p.mean for p in ok]).to(self.dtype),
+            "item_frames": torch.tensor([0] + [len(each) for each in sizes]).cumsum(0),
+            "pooled": torch.stack(means).to(self.dtype),
             "frame_pooled": torch.cat([f for p in ok for f in p.frames]).to(self.dtype),
         }

@@ -95,6 +95,7 @@ class StoreOut(Out):
             except FileNotFoundError:  # a compaction removed a part between listing and reading
                 if attempt == 2:
                     raise
+        raise AssertionError("unreachable: the third try returns or raises")
 
     def _pull(self) -> None:
         listed = self.store.names()
@@ -115,7 +116,7 @@ class StoreOut(Out):
         if settings is not None:
             (self.folder / SETTINGS).write_bytes(settings)
         self.parts = chain
-        self.next_part = 1 + max((int(PART_RE.match(n).group(1)) for n in parts), default=-1)
+        self.next_part = 1 + max((_part_number(n) for n in parts), default=-1)
         self.shards = {n: int(i.get("size") or 0) for n, i in listed.items() if SHARD_RE.match(n)}
         self.pushed = manifest.stat().st_size if self.stored else 0
 
@@ -293,3 +294,10 @@ class StoreOut(Out):
                 self.lock = None
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _part_number(name: str) -> int:
+    """A manifest part's number (its name matched PART_RE when it was listed)."""
+    found = PART_RE.match(name)
+    assert found is not None
+    return int(found.group(1))

@@ -63,12 +63,14 @@ class Unchanged:
         marked = np.frombuffer(self.rows, dtype=np.uint8).astype(bool)
         if ledger.ino == self.ino:  # rows appended: the marks whose row is no longer its path's latest
             marked &= ~ledger.live()[: self.read]
-        back = []
+        back: list[Item] = []
         for r in np.flatnonzero(marked).tolist():  # or every mark, where the manifest was replaced
             self.rows[r] = 0
             path, root = self.path_of(r)
             rel = path[len(root) :].lstrip(os.sep) if root else None
-            back.append(look(path, None, root, rel))
+            item = look(path, None, root, rel)  # never None without `known`
+            if item is not None:
+                back.append(item)
         if not back:
             return items
         merged = {i.path: i for i in back} | {

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..media.remote import is_url
+from ..rows import Row
 from . import gemma
 from .openreader import open_reader
 from .out import Out
@@ -177,7 +178,9 @@ def check(emb, examples: list[dict], model=None, expect: dict | None = None) -> 
             f"are {', '.join(SETTINGS)}"
         )
     found = Check(examples=len(examples))
-    rows, missing, seen = {}, set(), set()
+    rows: dict[str, Row] = {}
+    missing: set[str] = set()
+    seen: set[tuple[str, str]] = set()  # (path, "image" or "video")
     for example in examples:
         for part in media_parts(example["messages"]):
             found.media += 1
@@ -385,10 +388,11 @@ class Collator:
                 trained.append(any(s <= a and b <= e for s, e in spans))
                 owner.append(n)
         pieces = inputs.prompt(pieces, gemma.Tokens.of(self.tokenizer))
-        texts, spans = [""] * len(examples), [[] for _ in examples]
+        texts = [""] * len(examples)
+        owned: list[list[tuple[int, int]]] = [[] for _ in examples]  # each example's trained spans
         for piece, train, n in zip(pieces, trained, owner):
             if train:
-                spans[n].append((len(texts[n]), len(texts[n]) + len(piece)))
+                owned[n].append((len(texts[n]), len(texts[n]) + len(piece)))
             texts[n] += piece
         # as processor.apply_chat_template(tokenize=True): a template that writes <bos> gets no second one
         bos = self.tokenizer.bos_token
@@ -401,7 +405,7 @@ class Collator:
         outputs = batch.pop("mm_encoder_outputs")
         start, end = batch.pop("offset_mapping").unbind(-1)
         keep = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
-        for n, row in enumerate(spans):
+        for n, row in enumerate(owned):
             for a, b in row:
                 keep[n] |= (start[n] >= a) & (start[n] < b) & (end[n] > start[n])
         keep &= batch["attention_mask"].bool() & (batch["mm_token_type_ids"] == 0)

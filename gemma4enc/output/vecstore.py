@@ -79,7 +79,9 @@ class Cache:
         self.vectors = VectorFile(folder / VECTORS, self.n, self.dim)
         self._paths_map = self._map(PATHS, int(rows["stop"][-1]) if self.n else 0)
         self.dead = rows["dead"]
-        self._order, self._scans = None, 0
+        self._order: np.ndarray | None = None
+        self._sorted: np.ndarray = np.zeros(0, np.uint64)  # the hashes in _order's order, once sorted
+        self._scans = 0
         self.index = ann.read(folder / FAISS) if self.spec["kind"] == "ivfpq" else None
 
     def _map(self, name: str, size: int):
@@ -158,6 +160,7 @@ def _current(out: Out, folder: Path, log, rebuild: bool) -> tuple[Cache, bool]:
         meta = None if rebuild else _meta(folder)
         state = _state(out, folder, meta) if meta else "none"
         if state == "grown":
+            assert meta is not None
             _append(out, folder, meta, log)
         elif state == "none":
             _build(out, folder, log)
@@ -226,6 +229,7 @@ def _state(out: Out, folder: Path, meta: dict) -> str:
 
 def _load(folder: Path) -> Cache:
     meta = _meta(folder)
+    assert meta is not None, f"{folder / META}: written before the cache is loaded"
     rows = np.load(folder / ROWS, mmap_mode="r")  # mapped, not copied: a query reads a few of 1 M rows
     return Cache(folder, meta, rows)
 
@@ -284,7 +288,8 @@ def _build(out: Out, folder: Path, log) -> None:
     dim = hidden_size(emb, shards)
     log(f"building the search index of {n:,} files")
     writer = _Writer(folder, 0, dim, np.zeros(0, ROW), fresh=True)
-    block, rows = np.empty((CHUNK, dim), np.float32), []
+    block = np.empty((CHUNK, dim), np.float32)
+    rows: list = []
     for rec in records(emb, shards=shards):
         block[len(rows)] = rec.pooled
         rows.append(rec.row)

@@ -104,11 +104,17 @@ def shard_records(shard: Shard, rows: list[dict], per_frame: bool, tokens: bool)
             else None
         )
         if frames:
+            assert t is not None  # read whenever frames are asked for
             offsets = frame_offsets[item_frames[i] : item_frames[i + 1] + 1] - items[i]
             for f, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
                 yield Record(row, f, t[lo:hi].mean(0, dtype=np.float32), t[lo:hi] if tokens else None)
         else:
-            pooled = block[i - start] if stored else t.mean(0, dtype=np.float32)
+            if stored:
+                assert block is not None  # read above for every row that is not a video's frames
+                pooled = block[i - start]
+            else:
+                assert t is not None  # read where no pooled means are stored
+                pooled = t.mean(0, dtype=np.float32)
             yield Record(row, 0 if per_frame else None, pooled, t if tokens else None)
 
 

@@ -33,6 +33,9 @@ class Progress:
     def advance(self, files: int, patches: int) -> None:
         pass
 
+    def close(self) -> None:  # the run is over: a bar is finished
+        pass
+
 
 def ok_row(d: Decoded, frames: list[torch.Tensor]) -> Row:
     item = d.item

@@ -115,6 +115,7 @@ class TaskEncoder:
     def encode(self, task: dict) -> dict:
         """One task ({"id", "items"}, from make_tasks): its shards written, its rows returned."""
         if self.store is None:
+            assert self.out is not None  # a local OUT: its folder
             return self._encode(task, self.out)
         # the task's own folder, gone with it: an actor lives as long as Ray keeps it and is killed,
         # not closed, so a folder of the actor's would outlive every run; the pid in its name lets a

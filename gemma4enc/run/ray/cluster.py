@@ -170,7 +170,7 @@ def _connected(address: str | None):
                         address="local",
                         include_dashboard=False,
                         object_store_memory=256 << 20,
-                        _temp_dir=os.path.join(temp, "ray"),
+                        _temp_dir=os.path.join(str(temp), "ray"),  # set where address is None
                         log_to_driver=False,
                         logging_level=logging.ERROR,
                     )

@@ -25,6 +25,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 from ...errors import OutputError, output_error
 from ...media.kinds import Item
@@ -147,7 +148,7 @@ class _Driver:
 
     def _take(self, row: dict, came: dict[str, dict]) -> None:
         """One task's result: its rows recorded, or its error kept for the retry."""
-        kind: ErrorKind = str(row["error_kind"])
+        kind = cast(ErrorKind, str(row["error_kind"]))
         if kind == "output":
             raise OutputError(str(row["error"]))
         came[str(row["id"])] = {"error_kind": kind, "error": str(row["error"])}
@@ -162,5 +163,6 @@ class _Driver:
         except OSError as e:
             raise output_error(MANIFEST, self.run.out.folder, e) from None
         self.summary.record(rows, patches)
-        self.progress.advance(len(rows), patches)
+        if self.progress is not None:  # set before the first round
+            self.progress.advance(len(rows), patches)
         self.summary.check(self.run.options.max_failures)

@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ...errors import UsageError
 from .actor import items_of
@@ -56,7 +56,7 @@ def _seconds(name: str, default: float) -> float:
 
 @dataclass
 class _Actor:
-    handle: object
+    handle: Any  # a Ray actor handle: its methods are called as handle.method.remote(...)
     name: str
     since: float  # when it was asked for, or when it took its task
     task: dict | None = None
@@ -97,7 +97,8 @@ class ActorPool:
         """Run `tasks` through the pool; `take(result)` for each one that comes back (it may raise,
         which ends the round). Returns the tasks given up, each with error_kind "died" and its error."""
         number = next(self.rounds)
-        queue, tries, lost = deque(tasks), dict.fromkeys((t["id"] for t in tasks), 0), []
+        queue, tries = deque(tasks), dict.fromkeys((t["id"] for t in tasks), 0)
+        lost: list[dict] = []
         starting: dict[object, _Actor] = {}  # ready ref -> an actor not yet up
         busy: dict[object, _Actor] = {}  # task ref -> the actor working on it
         idle: list[_Actor] = []
@@ -151,6 +152,7 @@ class ActorPool:
 
     def _came(self, actor: _Actor, ref, idle, queue, tries, lost, take, tally: _Tally) -> None:
         task, actor.task = actor.task, None
+        assert task is not None  # a busy actor holds its task
         try:
             result = self.ray.get(ref)
         except self.ray.exceptions.RayError as e:  # its actor (or its node) died: the task is retried
