@@ -141,42 +141,27 @@ def serve(w: Path) -> dict:
 def http(w: Path) -> dict:
     """Phase 3: time to first token through vLLM's OpenAI server, from pixels and from the OUT."""
     import base64
-    import signal
-    import socket
-    import urllib.request
 
     from openai import OpenAI
 
+    from gemma4enc.dev.vllm_server import NotUp, Server
     from gemma4enc.serving.cache import OutCache
     from gemma4enc.serving.requests import stand_in_file
 
     plan = json.loads((w / "plan.json").read_text())
     calls_log = w / "encoder-calls.log"
     calls_log.write_text("")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    transfer = {"ec_connector": "GemmaEncConnector", "ec_connector_module_path": "gemma4enc.serving.vllm_connector",
-                "ec_role": "ec_consumer", "ec_connector_extra_config": {"out": plan["out"]}}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", plan["ckpt"], "--dtype", "float32",
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192", "--max-num-seqs", "1",
-           "--enforce-eager", "--gpu-memory-utilization", "0.25", "--limit-mm-per-prompt",
-           json.dumps({"image": 1, "video": 1}), "--media-io-kwargs", json.dumps({"video": {"num_frames": 8}}),
-           "--ec-transfer-config", json.dumps(transfer)]
-    log = open(w / "serve.log", "w")
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env=os.environ | {"GEMMA4ENC_CHECK_ENCODER_LOG": str(calls_log)})
+    server = Server(plan["ckpt"], plan["out"], [
+        "--dtype", "float32", "--max-model-len", "8192", "--max-num-seqs", "1", "--enforce-eager",
+        "--gpu-memory-utilization", "0.25", "--limit-mm-per-prompt", json.dumps({"image": 1, "video": 1}),
+        "--media-io-kwargs", json.dumps({"video": {"num_frames": 8}}),
+    ], w / "serve.log", env={"GEMMA4ENC_CHECK_ENCODER_LOG": str(calls_log)}, start_s=600)
     try:
-        start = time.monotonic()
-        while True:  # bounded: 10 minutes to come up
-            if server.poll() is not None or time.monotonic() - start > 600:
-                sys.exit(f"the server did not come up (exit {server.poll()}); log: {w / 'serve.log'}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                time.sleep(2)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0)
+        server.__enter__()
+    except NotUp as e:
+        sys.exit(str(e))
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", timeout=600, max_retries=0)
         cache = OutCache(plan["out"])
 
         def url(data: bytes, mime: str) -> str:
@@ -197,7 +182,7 @@ def http(w: Path) -> dict:
             return round(took if took is not None else time.perf_counter() - t, 3), (
                 len(calls_log.read_text().splitlines()) - before)
 
-        result: dict = {"server_start_s": round(time.monotonic() - start, 1), "photos": [], "clip": {}}
+        result: dict = {"server_start_s": server.start_s, "photos": [], "clip": {}}
         for i, path in enumerate(plan["photos"]):
             pixels = first_token(url(Path(path).read_bytes(), "image/jpeg"), f"bench-miss-{i}-{time.time()}")
             keyed = first_token(url(*stand_in_file(cache.by_path[path].row)), cache.key(path))
@@ -215,13 +200,7 @@ def http(w: Path) -> dict:
         result["clip_ttft_ratio"] = round(result["clip"]["pixels_s"] / result["clip"]["out_s"], 2)
         return result
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-        log.close()
+        server.stop()
 
 
 def main() -> None:

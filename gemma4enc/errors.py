@@ -15,15 +15,17 @@ def redact(text: str) -> str:
     return _USERINFO.sub(r"\1***@", text)
 
 
-def shown(text: str) -> str:
+def shown(text: str, lines: bool = True) -> str:
     """`text` safe to show a person: a name's control characters (escape codes that would drive the
     terminal, a bell, bidirectional overrides) as \\xNN or \\uNNNN, and bytes that are not UTF-8 (lone
-    surrogates, as Python reads such names) as \\xNN; line breaks and tabs of the message kept."""
+    surrogates, as Python reads such names) as \\xNN; line breaks and tabs of the message kept
+    (`lines`), or escaped too where the text must stay one line (a field read from a file)."""
     if text.isprintable():
         return text
     out = []
+    kept = "\n\t" if lines else ""
     for c in text:
-        if c.isprintable() or c in "\n\t":
+        if c.isprintable() or c in kept:
             out.append(c)
         elif "\udc80" <= c <= "\udcff":
             out.append(f"\\x{ord(c) - 0xDC00:02x}")

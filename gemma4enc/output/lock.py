@@ -9,7 +9,7 @@ import socket
 import time
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from .files import own_opener
 from .names import LOCK
 
@@ -95,8 +95,7 @@ def _holder(body: bytes) -> dict:
 
 def describe(holder: dict) -> str:
     """pid, host and start of a holder, as printable text (a lock file is input: no escape codes)."""
-    said = [str(holder.get(k, "?"))[:64] for k in ("pid", "host", "started")]
-    said = ["".join(c if c.isprintable() else "?" for c in s) for s in said]
+    said = [shown(str(holder.get(k, "?"))[:64], lines=False) for k in ("pid", "host", "started")]
     return f"pid {said[0]} on {said[1]}, since {said[2]}"
 
 

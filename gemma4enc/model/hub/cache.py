@@ -29,7 +29,7 @@ def repo_folder(repo_id: str) -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    tmp = _temp_beside(path)
+    tmp = temp_beside(path)
     try:
         tmp.write_bytes(data)
         os.replace(tmp, path)
@@ -102,7 +102,7 @@ def found_record(repo_id: str, root: Path, commit: str | None) -> dict:
     return {**record, "commit": commit, "folder": str(root), "bytes_fetched": 0, "cached": True}
 
 
-def _temp_beside(path: Path) -> Path:
+def temp_beside(path: Path) -> Path:
     """A new temp file in `path`'s folder (mkstemp: a random name, O_EXCL), so no link planted for a
     predictable name is written through."""
     import tempfile

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...errors import UsageError
 from ..layouts import SINGLE, is_vision
+from .cache import temp_beside
 from .client import Hub, Log, header_length
 
 GAP = 64 << 10  # bytes: ranges this close are one request (the gap is read and dropped)
@@ -185,7 +186,7 @@ class RangeProgress:
             self.save()
 
     def save(self) -> None:
-        tmp = _temp_beside(self.path)
+        tmp = temp_beside(self.path)
         try:
             tmp.write_text(json.dumps({"plan": self.plan.key, "done": self.done}))
             os.replace(tmp, self.path)
@@ -310,13 +311,3 @@ def _verify(part: Path, plan: RangePlan) -> None:
         keys = list(f.keys())
     if len(keys) != plan.tensors or part.stat().st_size != len(plan.header) + plan.vision_bytes:
         raise UsageError(f"{part}: the written file does not match its plan; remove it and run again")
-
-
-def _temp_beside(path: Path) -> Path:
-    """A new temp file in `path`'s folder (mkstemp: a random name, O_EXCL), so no link planted for a
-    predictable name is written through."""
-    import tempfile
-
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    return Path(name)
