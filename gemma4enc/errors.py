@@ -79,7 +79,7 @@ def one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 
-def output_error(what: str, where: Path, e: Exception, saved: int | None = None) -> OutputError:
+def output_error(what: str, where: Path | str, e: Exception, saved: int | None = None) -> OutputError:
     """`saved`: the files this run saved before, where known; none is said as none, not as 'saved'."""
     if saved == 0:
         then = "no file of this run was saved (what earlier runs saved stays); re-run once it is writable"

@@ -136,7 +136,6 @@ try:
         failures.append(f"/metrics counts {counted}: 3 hits and 3 refusals at least were made")
 finally:
     server.stop()
-    log.close()
 
 text = open(os.path.join(W, "serve.log")).read()
 found["connector_lines"] = [line.split("gemma4enc: ", 1)[1][:160] for line in text.splitlines() if "gemma4enc: " in line][:6]

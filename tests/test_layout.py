@@ -128,10 +128,8 @@ def test_no_function_above_output_takes_out_as_a_bare_path():
 def test_the_manifests_name_is_spelled_in_output_only():
     """`Path(out) / MANIFEST` and its literal belong to output/ (names.py): above it, OUT's files are
     reached through the Out."""
-    # serving/cache.py reads OUT's documented format (docs/format.md) inside a serving engine's own
-    # environment, where no other module of gemma4enc can be imported: it spells the names itself
     found = [f"{name}" for name, path in _modules().items()
-             if not name.startswith("gemma4enc.output") and name != "gemma4enc.serving.cache"
+             if not name.startswith("gemma4enc.output")
              and ("/ MANIFEST" in path.read_text() or '"manifest.jsonl"' in path.read_text()
                   or "/ SETTINGS" in path.read_text())]
     assert not found, f"modules that build OUT's file paths themselves: {found}"

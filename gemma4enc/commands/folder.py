@@ -107,10 +107,8 @@ def compact(
     json_out: Json = False,
 ):
     """Rewrite the manifest with one row per file (the latest), under OUT's lock."""
-    from ..output.ledger import Ledger
-
     with open_out(out, write=True) as o, o.locked(need=True):
-        ledger = Ledger(o.folder)  # read once, by repair; compact reads on from there
+        ledger = o.ledger(read=False)  # read once, by repair; compact reads on from there
         notes = o.repair(ledger)
         report = o.compact(ledger, prune=prune) | {"notes": notes, "out": str(out)}  # a store's: its new base
     if json_out:

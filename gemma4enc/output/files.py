@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 from ..errors import UsageError
-from .names import MANIFEST, temp_name
+from .names import LINE_MAX, MANIFEST, temp_name
 
 
 def own_opener(path, flags: int, mode: int = 0o644) -> int:
@@ -89,7 +89,6 @@ def append_rows(out: Path, rows: list) -> None:
 # A manifest line longer than this is no row gemma4enc wrote (a video's row of 8,695 frames is
 # ~0.3 MB): it is counted unreadable and read through in chunks, never held (an 800 MB line cost
 # 2.5 GB when it was parsed, issue 44)
-LINE_MAX = 16 << 20
 
 
 def bounded_lines(f):

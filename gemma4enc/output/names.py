@@ -40,6 +40,17 @@ TEMP_RE = re.compile(
 )
 
 
+LINE_MAX = 16 << 20  # a manifest line longer than this is no row gemma4enc wrote: never held or parsed
+
+
+def manifest_chain(parts: list[str]) -> tuple[list[str], bool]:
+    """A store's manifest is its base then its parts (names as PART_RE's, in name order), from the
+    last `~compacted` part on where there is one: that part holds the whole manifest while a
+    compaction replaces the base (docs/remote.md). (the parts to read, whether the base is read)."""
+    resets = [i for i, n in enumerate(parts) if n.endswith(COMPACTED)]
+    return (parts[resets[-1]:], False) if resets else (list(parts), True)
+
+
 def temp_name(name: str) -> str:
     """A temp name nobody can guess (64 random bits): a link planted in OUT for the next pids' temp
     files (a handed-over OUT) is never written through."""

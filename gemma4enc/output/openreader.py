@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING
 
 from ..errors import SAVED, OutputError
 from .opening import open_out
+
+if TYPE_CHECKING:
+    from .npreader import NumpyEmbeddings
+    from .reader import Embeddings
 
 
 def open_reader(where, framework: str = "pt"):
@@ -17,10 +22,15 @@ def open_reader(where, framework: str = "pt"):
     each shard fetched when first read, all removed when the reader is."""
     if framework not in ("pt", "numpy"):
         raise ValueError(f"framework {framework!r}: use 'pt' or 'numpy'")
-    from .npreader import NumpyEmbeddings
-    from .reader import Embeddings
+    reader: type[NumpyEmbeddings] | type[Embeddings]
+    if framework == "numpy":  # no torch imported: the numpy reader is for where it is not installed
+        from .npreader import NumpyEmbeddings
 
-    reader: type[NumpyEmbeddings] | type[Embeddings] = NumpyEmbeddings if framework == "numpy" else Embeddings
+        reader = NumpyEmbeddings
+    else:
+        from .reader import Embeddings
+
+        reader = Embeddings
     try:
         out = open_out(where)
     except OutputError as e:  # keys, endpoint, a store down: said without a run's advice

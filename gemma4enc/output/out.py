@@ -71,6 +71,19 @@ class Out:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
+    def walked_past(self) -> str:
+        """The local folder a walk over the inputs must leave out: OUT's own files (a store's copy)."""
+        return str(self.folder)
+
+    def is_new(self) -> bool:
+        """Whether OUT's folder is not made yet: a run that makes it and fails before writing
+        anything takes it back (remove_if_empty)."""
+        return not self.folder.exists()
+
+    def remove_if_empty(self) -> None:
+        if self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()
+
     # reading
 
     def found(self) -> bool:
@@ -90,9 +103,10 @@ class Out:
             )
         return saved
 
-    def ledger(self, pin: bool = False) -> Ledger:
-        """OUT's manifest read into columns (`pin`: a reader's snapshot, see Ledger.load)."""
-        return Ledger.load(self.folder, pin=pin)
+    def ledger(self, pin: bool = False, read: bool = True) -> Ledger:
+        """OUT's manifest read into columns (`pin`: a reader's snapshot, see Ledger.load); `read`
+        False: not yet read (an --overwrite run's, or one repair reads first)."""
+        return Ledger.load(self.folder, pin=pin) if read else Ledger(self.folder)
 
     def shard_path(self, name: str) -> Path:
         """Where shard `name` is read from here."""

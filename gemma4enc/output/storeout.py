@@ -35,7 +35,9 @@ from ..errors import UsageError
 from .files import append_rows, temp_folder
 from .ledger import Ledger
 from .lock import holding
-from .names import COMPACTED, LOCK, MANIFEST, PART_RE, PARTS, SEARCH_INDEX, SETTINGS, SHARD_RE, not_an_output
+from .names import (
+    COMPACTED, LOCK, MANIFEST, PART_RE, PARTS, SEARCH_INDEX, SETTINGS, SHARD_RE, manifest_chain, not_an_output,
+)
 from .out import ActorOut, Out
 from .repair import mark_lost
 from .store import Store, StoreLock
@@ -100,9 +102,8 @@ class StoreOut(Out):
     def _pull(self) -> None:
         listed = self.store.names()
         parts = sorted(n for n in self.store.names(PARTS) if PART_RE.match(n))
-        resets = [n for n in parts if n.endswith(COMPACTED)]
-        chain = parts[parts.index(resets[-1]) :] if resets else parts
-        base = self.store.read(MANIFEST) if MANIFEST in listed and not resets else None
+        chain, with_base = manifest_chain(parts)
+        base = self.store.read(MANIFEST) if MANIFEST in listed and with_base else None
         blobs = ([base] if base is not None else []) + self.store.read_many(chain)
         self.stored = bool(blobs)
         manifest = self.folder / MANIFEST

@@ -68,7 +68,7 @@ def encode(
             log(note)
         if not roots and not walk.files_from and not found:
             raise UsageError("nothing to encode: give folders or files, or --files-from")
-        ledger = Ledger(out.folder) if overwrite else out.ledger()  # read once: discovery skips known files
+        ledger = out.ledger(read=not overwrite)  # read once: discovery skips known files
         unchanged = Unchanged(ledger, options)  # files with nothing to do: counted, not kept
         counts = {}  # skipped as not media, counted as discovery goes on
         chunks = _found(found, unchanged, counts) if found else _discovered(roots, walk, out, unchanged, counts)
@@ -98,7 +98,7 @@ def _discovered(roots, walk: Walk, out: Out, unchanged: Unchanged, counts: dict)
         list(walk.exclude),
         walk.hidden,
         walk.null,
-        str(out.folder),
+        out.walked_past(),
         known=unchanged.known,
         counts=counts,
     )
@@ -151,12 +151,12 @@ def encode_files(
     log = log or (lambda message: None)
     rerun = not overwrite and out.path(SETTINGS).exists()
     options, extra, deferred, pool = _checked(items, options, rerun)
-    created = not out.folder.exists()
+    created = out.is_new()
     try:
         with out.locked() as lock:
             if lock is not None and lock.previous:
                 log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
-            ledger = ledger or Ledger(out.folder)
+            ledger = ledger or out.ledger(read=False)
             for note in out.prepare(options, overwrite, extra, ledger):
                 log(note)
             todo, stream, found = _to_do(items, out, options, ledger, unchanged, more)
@@ -177,8 +177,8 @@ def encode_files(
             if note:
                 log(note)
     except UsageError:
-        if created and out.folder.is_dir() and not any(out.folder.iterdir()):
-            out.folder.rmdir()  # the folder this run made for nothing
+        if created:
+            out.remove_if_empty()  # the folder this run made for nothing
         raise
     finally:
         if pool is not None:

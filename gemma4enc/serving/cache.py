@@ -2,8 +2,9 @@
 connector and the request helper, and the reads that serve a key's tokens straight from a shard.
 
 Runs inside a serving engine's own environment (vLLM pins an older transformers than ours), so it
-imports only the standard library, numpy and torch, and fsspec for an OUT at a URL: nothing else
-of gemma4enc, whose other modules need packages that environment does not have.
+imports only the standard library, numpy and torch, fsspec for an OUT at a URL, and of gemma4enc
+only output/names.py (OUT's names: the standard library alone): gemma4enc's other modules need
+packages that environment does not have.
 
 The key of a file (docs/serving.md):
 
@@ -27,13 +28,11 @@ import struct
 
 import numpy as np
 
-MANIFEST = "manifest.jsonl"
-SETTINGS = "settings.json"
-PARTS = "manifest.parts"
+from ..output.names import LINE_MAX, MANIFEST, PARTS, PART_RE, SETTINGS, manifest_chain
+
 CACHE_FILE = "encoder_cache.safetensors"  # what vLLM's ECExampleConnector reads: DIR/<key>/this
 TENSOR = "ec_cache"  # the one tensor in it: (tokens, text width)
 KEY_RE = re.compile(r"^g4e-[0-9a-f]{40}$")
-_PART = re.compile(r"^(\d{12})[-~][^/]*\.jsonl$")
 
 
 def file_sha256(path: str) -> str:
@@ -97,23 +96,21 @@ class Source:
             names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(f"{self.root}/{PARTS}", detail=False)]
         except FileNotFoundError:
             return []
-        return sorted(n for n in names if _PART.match(n))
+        return sorted(n for n in names if PART_RE.match(f"{PARTS}/{n}"))
 
 
 # the colour of a stand-in's every pixel (requests.py): a flat image of it is no real file's, so the
 # connector can tell a stand-in that no key answers and fail its request rather than answer from it
 STAND_IN = (1, 2, 3)
 
-LINE_MAX = 16 << 20  # as output/files.py's: a manifest line past it is not a row
 
 
 def manifest_rows(source: Source) -> list[dict]:
     """Every row, in order: the base then the parts; from the last `~compacted` part on where one is
     (it holds the whole manifest while a compaction replaces the base: docs/remote.md)."""
-    parts = source.parts()
-    compacted = [i for i, n in enumerate(parts) if "~compacted" in n]
-    texts = [] if compacted else [source.read(MANIFEST) or b""]
-    texts += [source.read(f"{PARTS}/{n}") or b"" for n in parts[compacted[-1] if compacted else 0 :]]
+    chain, with_base = manifest_chain([f"{PARTS}/{n}" for n in source.parts()])
+    texts = [source.read(MANIFEST) or b""] if with_base else []
+    texts += [source.read(name) or b"" for name in chain]
     rows = []
     for text in texts:
         for line in text.decode("utf-8", "surrogateescape").splitlines():

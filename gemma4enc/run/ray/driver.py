@@ -161,7 +161,7 @@ class _Driver:
         try:
             self.run.out.append(rows, tag=task)
         except OSError as e:
-            raise output_error(MANIFEST, self.run.out.folder, e) from None
+            raise output_error(MANIFEST, self.run.out.url, e) from None
         self.summary.record(rows, patches)
         if self.progress is not None:  # set before the first round
             self.progress.advance(len(rows), patches)
