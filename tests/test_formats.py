@@ -382,3 +382,32 @@ def test_a_12bit_jpeg_is_unsupported_not_corrupt(tmp_path):
     with pytest.raises(DecodeError) as e:
         decode_image(str(tmp_path / "cut.jpg"), MAX)
     assert e.value.status == "decode_error"
+
+
+def test_an_avif_past_libavifs_size_limit_is_unsupported_not_corrupt(tmp_path):
+    """An AVIF whose `ispe` states 17000×17000 (more than libavif's 16384×16384 default limit) is
+    `unsupported`, saying why (issue 46: it was "corrupt image"); one within the limit decodes, and
+    one cut inside its header stays `decode_error`."""
+    import struct
+
+    from PIL import features
+
+    from gemma4enc.media.frames import DecodeError
+    from gemma4enc.media.image import decode_image
+
+    if not features.check("avif"):
+        pytest.skip("this Pillow build has no AVIF codec")
+    Image.new("RGB", (64, 48), (10, 20, 30)).save(tmp_path / "small.avif")
+    data = bytearray((tmp_path / "small.avif").read_bytes())
+    at = data.index(b"ispe")
+    assert struct.unpack_from(">II", data, at + 8) == (64, 48)
+    struct.pack_into(">II", data, at + 8, 17000, 17000)
+    (tmp_path / "huge.avif").write_bytes(bytes(data))
+    (tmp_path / "cut.avif").write_bytes(bytes(data[:40]))
+    assert decode_image(str(tmp_path / "small.avif"), MAX).info["width"] == 64
+    with pytest.raises(DecodeError) as e:
+        decode_image(str(tmp_path / "huge.avif"), MAX)
+    assert e.value.status == "unsupported" and "17000×17000" in str(e.value)
+    with pytest.raises(DecodeError) as e:
+        decode_image(str(tmp_path / "cut.avif"), MAX)
+    assert e.value.status == "decode_error"

@@ -143,6 +143,12 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
             raise DecodeError(
                 Status.UNSUPPORTED, f"a {bits}-bit JPEG: Pillow's libjpeg decodes 8-bit JPEGs only"
             ) from None
+        extent = avif_extent(head)
+        if extent and extent[0] * extent[1] > AVIF_PIXELS:  # valid, past what libavif decodes
+            raise DecodeError(
+                Status.UNSUPPORTED,
+                f"an AVIF of {extent[0]}×{extent[1]}: more pixels than libavif decodes (16384×16384)",
+            ) from None
         head = head[:SNIFF_BYTES]
         if sniff(head) == "image" or claimed(head[:16]):  # 16: the bytes Pillow's checks see
             raise DecodeError(Status.DECODE_ERROR, "corrupt image: its header is unreadable") from None
@@ -160,6 +166,23 @@ def decode_image(path: str, max_pixels: int | None, fit: int | None = None) -> F
 
 
 HEADER_BYTES = 1 << 16  # where a JPEG's frame header is looked for (EXIF and ICC segments come first)
+
+
+AVIF_PIXELS = 16384 * 16384  # libavif's default image size limit (AVIF_DEFAULT_IMAGE_SIZE_LIMIT)
+
+
+def avif_extent(head: bytes) -> tuple[int, int] | None:
+    """(width, height) an AVIF's first `ispe` property states, or None where `head` is no AVIF
+    (its ftyp names no avif/avis brand) or states none."""
+    if head[4:8] != b"ftyp":
+        return None
+    brands = head[8:int.from_bytes(head[:4], "big")]
+    if not any(brands[i:i + 4] in (b"avif", b"avis") for i in range(0, len(brands), 4)):
+        return None
+    at = head.find(b"ispe")
+    if at < 4 or at + 16 > len(head):
+        return None
+    return int.from_bytes(head[at + 8 : at + 12], "big"), int.from_bytes(head[at + 12 : at + 16], "big")
 
 
 def jpeg_precision(head: bytes) -> int | None:
