@@ -97,8 +97,8 @@ def test_architecture_lists_every_module():
 
 # OUT's seam (output/out.py): only these may reach the store layer; nothing above output/ knows a
 # store exists. export.py writes an export's DEST (not OUT) to a store; a Ray actor uploads its
-# task's shards itself, never holding OUT's lock.
-STORE_USERS = {"gemma4enc.output.storeout", "gemma4enc.output.export", "gemma4enc.run.ray.actor"}
+# task's shards through the ShardPlace it is handed (storeout.StorePlace), never naming the store.
+STORE_USERS = {"gemma4enc.output.storeout", "gemma4enc.output.export"}
 
 
 def test_only_the_seam_reaches_the_store():

@@ -20,6 +20,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Protocol
 
 from ..errors import UsageError, reason
 from .files import append_rows, atomic_write, own_opener
@@ -31,13 +32,28 @@ from .names import LOCAL_NAME, MANIFEST, SEARCH_INDEX, SETTINGS, SHARD_RE, TEMP_
 # then the rewrite costs no more than the rows appended since the last one
 AUTO_COMPACT_ROWS = 100_000
 
-@dataclass(frozen=True)
-class ActorOut:
-    """OUT as a Ray actor is told it (picklable): the folder it writes its task's shards into, or the
-    store it uploads them to. The actor never takes OUT's lock nor reads its manifest."""
+class ShardPlace(Protocol):
+    """Where a Ray task's shards go, as the actor is told it (picklable: `Out.for_actors()`): a
+    folder to write them in for the task, and how a written shard is made OUT's. The actor never
+    takes OUT's lock nor reads its manifest: its rows go back to the driver."""
 
-    folder: str | None = None
-    url: str | None = None
+    def staging(self) -> contextlib.AbstractContextManager[Path]: ...
+
+    def put(self, path: Path) -> None: ...
+
+
+@dataclass(frozen=True)
+class FolderPlace:
+    """OUT a folder: a task's shards are written in it, where OUT reads them."""
+
+    folder: str
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        yield Path(self.folder)
+
+    def put(self, path: Path) -> None:
+        pass  # written in place (temp name, fsync, rename)
 
 
 class Out:
@@ -61,9 +77,9 @@ class Out:
         """Where a person reads the rows, for a message."""
         return f"see {self.url}/{MANIFEST}"
 
-    def for_actors(self) -> ActorOut:
-        """OUT as another process reaches it (a Ray actor)."""
-        return ActorOut(folder=str(self.folder))
+    def for_actors(self) -> ShardPlace:
+        """Where another process (a Ray actor) puts its task's shards."""
+        return FolderPlace(str(self.folder))
 
     def __str__(self) -> str:
         return self.url

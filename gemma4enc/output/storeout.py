@@ -25,11 +25,12 @@ manifest is appended to here and sent as parts; everything else reads the copy a
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import threading
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import UsageError
 from .files import append_rows, temp_folder
@@ -38,7 +39,7 @@ from .lock import holding
 from .names import (
     COMPACTED, LOCK, MANIFEST, PART_RE, PARTS, SEARCH_INDEX, SETTINGS, SHARD_RE, manifest_chain, not_an_output,
 )
-from .out import ActorOut, Out
+from .out import Out, ShardPlace
 from .repair import mark_lost
 from .store import Store, StoreLock
 
@@ -83,8 +84,8 @@ class StoreOut(Out):
     def rows_hint(self) -> str:
         return f"see gemma4enc inspect {self.url}"  # its manifest is in parts
 
-    def for_actors(self) -> ActorOut:
-        return ActorOut(url=self.url)  # an actor uploads its shards itself
+    def for_actors(self) -> ShardPlace:
+        return StorePlace(self.url)  # an actor uploads its shards itself
 
     # reading the store
 
@@ -302,3 +303,35 @@ def _part_number(name: str) -> int:
     found = PART_RE.match(name)
     assert found is not None
     return int(found.group(1))
+
+
+@dataclass
+class StorePlace:
+    """OUT a store: a task's shards are written in the task's own temp folder, then uploaded (and
+    removed here, uploaded or not: a failed task is tried again whole)."""
+
+    url: str
+    _store: Store | None = field(default=None, repr=False, compare=False)
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        # the task's own folder, gone with it: an actor lives as long as Ray keeps it and is killed,
+        # not closed, so a folder of the actor's would outlive every run; the pid in its name lets a
+        # later run sweep the folder of an actor killed mid-task (run/tempsweep.py)
+        local = temp_folder("gemma4enc-task")
+        try:
+            yield Path(local)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+
+    def put(self, path: Path) -> None:
+        if self._store is None:
+            self._store = Store(self.url)
+            self._store.reached = True  # the driver reached it: a failure here is the store's, retried
+        try:
+            self._store.upload(path, path.name)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def __getstate__(self) -> dict:
+        return {"url": self.url, "_store": None}  # a Store holds its filesystem: made anew where used

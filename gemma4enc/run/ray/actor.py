@@ -5,9 +5,9 @@ holds, so the same files get the same id (and shard names) however often they ar
 actor loads the tower once and runs each task through the same `pipeline.run` as a local run. It
 writes the task's shards under names made from the task's id (shard-<id>-000.safetensors), so a
 retried task overwrites its own shards and never leaves a duplicate, and returns the task's rows
-for the driver to append to the manifest. The actor gets OUT as an `ActorOut` (a folder's path or a
-store's URL, picklable: output/out.py); it never takes OUT's lock nor reads its manifest, which are
-the driver's.
+for the driver to append to the manifest. The actor is told where shards go as a `ShardPlace`
+(`Out.for_actors()`, picklable: a folder's, or a store's that uploads them); it never takes OUT's lock
+nor reads its manifest, which are the driver's.
 
 Its result says what went wrong as a field, `error_kind` (ErrorKind), beside the message:
 "output" where OUT stopped taking writes (the driver stops the whole run, exit 4), "failed"
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Literal
@@ -30,9 +28,8 @@ from typing import Literal
 from ...errors import OutputError
 from ...media.kinds import Item
 from ...options import Options
-from ...output.files import temp_folder
 from ...output.names import task_shard_name
-from ...output.out import ActorOut
+from ...output.out import ShardPlace
 from ...rows import Row
 
 # what a task's result says went wrong; "died" is the driver's, for a task that never came back
@@ -58,13 +55,13 @@ def items_of(task: dict) -> list[Item]:
 
 class TaskSink:
     """Where a task's ShardWriter puts its shards and rows (output/shards.ShardSink): shards named
-    by the task (shard-<task>-NNN), uploaded where OUT is a store, and the rows kept for the
-    driver, which alone appends to the manifest."""
+    by the task (shard-<task>-NNN), each made OUT's by the place (uploaded where OUT is a store),
+    and the rows kept for the driver, which alone appends to the manifest."""
 
     records = False  # the rows are the driver's to record
 
-    def __init__(self, folder: Path, task: str, store=None):
-        self.folder, self.task, self.store = folder, task, store
+    def __init__(self, folder: Path, task: str, place: ShardPlace):
+        self.folder, self.task, self.place = folder, task, place
         self.rows: list[Row] = []
 
     def next_shard(self) -> int:
@@ -74,12 +71,7 @@ class TaskSink:
         return task_shard_name(self.task, k)
 
     def publish(self, path: Path) -> None:
-        if self.store is None:
-            return
-        try:
-            self.store.upload(path, path.name)
-        finally:
-            path.unlink(missing_ok=True)  # uploaded, or the task fails and is tried again whole
+        self.place.put(path)
 
     def append(self, rows: list) -> None:
         self.rows.extend(rows)
@@ -88,7 +80,7 @@ class TaskSink:
 class TaskEncoder:
     """One Ray actor: loads the tower once, then encodes one task per call with the local pipeline."""
 
-    def __init__(self, options: Options, out: ActorOut):
+    def __init__(self, options: Options, place: ShardPlace):
         import ray
 
         from ...model.batching import budget_patches
@@ -101,36 +93,21 @@ class TaskEncoder:
             "cuda" if ray.get_gpu_ids() else "cpu"
         )  # Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU
         self.options = replace(options, device=device, max_failures=None)  # the driver counts failures
-        self.out = out.folder
+        self.place = place
         self.tower, _, self.mode = open_tower(self.options)
         self.max_patches = budget_patches(self.tower, self.options, self.mode)
         self.metadata = shard_metadata(self.options, self.tower)
-        self.store = None
-        if out.url is not None:  # OUT in a store: shards are written in a temp folder per task, then uploaded
-            from ...output.store import Store
-
-            self.store = Store(out.url)
-            self.store.reached = True  # the driver reached it: a failure here is the store's, retried
 
     def encode(self, task: dict) -> dict:
         """One task ({"id", "items"}, from make_tasks): its shards written, its rows returned."""
-        if self.store is None:
-            assert self.out is not None  # a local OUT: its folder
-            return self._encode(task, self.out)
-        # the task's own folder, gone with it: an actor lives as long as Ray keeps it and is killed,
-        # not closed, so a folder of the actor's would outlive every run; the pid in its name lets a
-        # later run sweep the folder of an actor killed mid-task (tempsweep.py)
-        local = temp_folder("gemma4enc-task")
-        try:
-            return self._encode(task, local)
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
+        with self.place.staging() as folder:  # OUT itself, or a store's task folder
+            return self._encode(task, folder)
 
-    def _encode(self, task: dict, out: str) -> dict:
+    def _encode(self, task: dict, folder: Path) -> dict:
         from ...output.shards import ShardWriter
         from ..pipeline import run
 
-        sink = TaskSink(Path(out), task["id"], self.store)
+        sink = TaskSink(folder, task["id"], self.place)
         rows = sink.rows
         writer = ShardWriter(
             sink,
