@@ -543,6 +543,31 @@ def test_escape_codes_in_names_never_reach_a_terminal_and_pipes_get_the_real_nam
         assert "x\\x1b]0;PWNED\\x07\\x1b[2J.png" in text or "bad\\x1b[31m.png" in text, text
 
 
+@pytest.mark.parametrize("planted", ["dev-zero-link", "fifo", "huge"])
+def test_a_settings_json_that_never_ends_is_refused_not_read(made, pics, tmp_path, planted):
+    """settings.json as a link to /dev/zero was read until memory ran out (MemoryError, exit 70),
+    a FIFO would block the run for good, and 2 MiB of it was read whole: now it is opened as OUT's
+    own files are (no link, regular files only) and read to 1 MiB at most; each command says so in
+    one line (exit 2) or goes on without it."""
+    import os
+
+    out = copy_out(made, tmp_path / "out")
+    settings = out / "settings.json"
+    settings.unlink()
+    if planted == "dev-zero-link":
+        settings.symlink_to("/dev/zero")
+    elif planted == "fifo":
+        os.mkfifo(settings)
+    else:
+        settings.write_text('{"model": "' + "m" * (2 << 20) + '"}')
+    for args in (["encode", str(pics), "-o", str(out), *BASE], ["inspect", str(out)], ["verify", str(out)]):
+        r = RUN.invoke(app, args)
+        no_crash(r)
+        assert r.exit_code in (0, 1, 2), (args, r.output)
+    r = RUN.invoke(app, ["encode", str(pics), "-o", str(out), *BASE])
+    assert r.exit_code == 2 and "settings.json" in r.output, r.output
+
+
 @pytest.mark.parametrize("bad", ['"x"', '{"sampling": 5, "model": "m"}', "[1]", "{broken", "null"])
 def test_a_settings_json_of_the_wrong_shape_is_one_line(made, pics, tmp_path, bad):
     """settings.json as a string, a list, a number where an object goes, or broken JSON made encode

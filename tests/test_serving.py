@@ -145,6 +145,27 @@ def test_requests_carry_the_keys_and_stand_ins_of_the_files_size(served):
         request(cache, ["/nowhere.jpg"], "<|image|>")
 
 
+@pytest.mark.parametrize("planted", ["fifo", "dev-zero-link"])
+def test_a_planted_settings_file_cannot_hang_the_serving_reader(served, tmp_path, planted):
+    """The serving reader runs in vLLM's server: a handed-over OUT whose settings.json is a FIFO
+    (a read that never returns) or a link to /dev/zero (one that never ends) is refused at once,
+    as gemma4enc's own commands refuse it, not read."""
+    import os
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(served[1], out)
+    (out / "settings.json").unlink()
+    if planted == "fifo":
+        os.mkfifo(out / "settings.json")
+    else:
+        (out / "settings.json").symlink_to("/dev/zero")
+    code = f"from gemma4enc.serving.cache import OutCache; OutCache({str(out)!r})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "MemoryError" not in done.stderr, done.stderr
+    assert "not a regular file" in done.stderr or "Too many levels of symbolic links" in done.stderr, done.stderr
+
+
 def test_the_serving_modules_import_nothing_of_vllm_or_the_cli():
     code = ("import sys, gemma4enc, gemma4enc.serving, gemma4enc.serving.cache, gemma4enc.serving.requests;"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'transformers', 'typer', 'rich', 'av')"

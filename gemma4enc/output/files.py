@@ -15,6 +15,19 @@ from ..errors import UsageError
 from .names import LINE_MAX, MANIFEST, temp_name
 
 
+SMALL_MAX = 1 << 20  # the most of one of OUT's small files (settings.json: about 1 KB) read
+
+
+def read_own(path: Path) -> bytes:
+    """One of OUT's small files whole (settings.json), through own_opener (no link, no FIFO, no
+    device) and bounded: one past SMALL_MAX is no file gemma4enc wrote, refused in one line."""
+    with open(path, "rb", opener=own_opener) as f:
+        data = f.read(SMALL_MAX + 1)
+    if len(data) > SMALL_MAX:
+        raise UsageError(f"{path}: larger than {SMALL_MAX >> 20} MiB, not a file gemma4enc writes")
+    return data
+
+
 def own_opener(path, flags: int, mode: int = 0o644) -> int:
     """os.open for one of OUT's own files (the manifest, the lock, the search cache), as `open(...,
     opener=own_opener)`: never through a symbolic link, and only a regular file. A handed-over OUT

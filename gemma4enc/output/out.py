@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from ..errors import UsageError, reason
-from .files import append_rows, atomic_write, own_opener
+from .files import append_rows, atomic_write, own_opener, read_own
 from .ledger import Ledger
 from .lock import Lock, running
 from .names import LOCAL_NAME, MANIFEST, SEARCH_INDEX, SETTINGS, SHARD_RE, TEMP_RE, not_an_output, temp_name
@@ -109,7 +109,7 @@ class Out:
     def settings(self) -> dict | None:
         """What settings.json records, or None where there is none (or it cannot be read)."""
         try:
-            saved = json.loads((self.folder / SETTINGS).read_text())
+            saved = json.loads(read_own(self.folder / SETTINGS))
         except (OSError, ValueError):
             return None
         if not isinstance(saved, dict) or not isinstance(saved.get("sampling", {}), dict):
@@ -211,7 +211,7 @@ class Out:
             if removed:
                 notes.append(f"--overwrite: removed {len(removed)} earlier output files")
         if path.exists():
-            check(json.loads(path.read_text()), settings_of(options, extra), out)
+            check(json.loads(read_own(path)), settings_of(options, extra), out)
         return notes + self.repair(ledger)
 
     def _ours(self) -> list[Path]:

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import struct
 
 import numpy as np
@@ -56,6 +57,17 @@ def key_of(kind: str, content_sha256: str, settings: dict) -> str:
     return "g4e-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
+def _own(path: str) -> int:
+    """A file of OUT opened as gemma4enc opens its own (output/files.own_opener): never through a
+    link, and only a regular file, so a handed-over OUT whose settings.json is a FIFO or links to
+    /dev/zero cannot hang or fill the serving engine."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path}: not a regular file: gemma4enc reads only its own regular files in OUT")
+    return fd
+
+
 class Source:
     """OUT's objects by name, in a local folder or under a URL (fsspec), read-only, by byte range."""
 
@@ -76,7 +88,7 @@ class Source:
         try:
             if self.remote:
                 return self.fs.cat_file(f"{self.root}/{name}")
-            with open(os.path.join(self.out, name), "rb") as f:
+            with os.fdopen(_own(os.path.join(self.out, name)), "rb") as f:
                 return f.read()
         except FileNotFoundError:
             return None
@@ -84,7 +96,7 @@ class Source:
     def read_range(self, name: str, start: int, end: int) -> bytes:
         if self.remote:
             return self.fs.cat_file(f"{self.root}/{name}", start=start, end=end)
-        with open(os.path.join(self.out, name), "rb") as f:
+        with os.fdopen(_own(os.path.join(self.out, name)), "rb") as f:
             f.seek(start)
             return f.read(end - start)
 
