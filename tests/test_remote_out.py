@@ -391,3 +391,20 @@ def test_export_to_a_url_uploads_the_export_and_refuses_a_prefix_in_use(s3, good
     assert code == 0, output
     assert _objects(s3, prefix) == ["data/train-00000.parquet", "export.json", "notes.txt"]
     assert not list(Path(".").glob("s3:*"))
+
+
+def test_a_huge_settings_object_in_the_store_is_refused_not_fetched(s3, good, ckpt, monkeypatch):
+    """A handed-over bucket whose settings.json is 2 MiB: the listing's size says it is no file
+    gemma4enc writes, and every command ends in one line (exit 2), not fetching it whole."""
+    from gemma4enc.output.store import Store
+
+    fetched = []
+    read = Store.read
+    monkeypatch.setattr(Store, "read", lambda self, name: fetched.append(name) or read(self, name))
+    url = f"s3://{BUCKET}/huge-settings"
+    s3.pipe_file(f"{BUCKET}/huge-settings/settings.json", b'{"model": "' + b"m" * (2 << 20) + b'"}')
+    s3.pipe_file(f"{BUCKET}/huge-settings/manifest.jsonl", b"")
+    for args in (("encode", good, "-o", url, "--model", ckpt, *BASE, "--workers", "0"), ("inspect", url)):
+        code, output = _cli(*args)
+        assert code == 2 and "settings.json" in output and "larger than 1 MiB" in output, output
+    assert "settings.json" not in fetched, fetched

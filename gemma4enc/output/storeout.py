@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import UsageError
-from .files import append_rows, temp_folder
+from .files import SMALL_MAX, append_rows, temp_folder
 from .ledger import Ledger
 from .lock import holding
 from .names import (
@@ -113,6 +113,8 @@ class StoreOut(Out):
             with open(manifest, "wb") as f:
                 for blob in blobs:
                     f.write(blob if not blob or blob.endswith(b"\n") else blob + b"\n")
+        if SETTINGS in listed and int(listed[SETTINGS].get("size") or 0) > SMALL_MAX:  # as read_own's
+            raise UsageError(f"{self.url}/{SETTINGS}: larger than {SMALL_MAX >> 20} MiB, not a file gemma4enc writes")
         settings = self.store.read(SETTINGS) if SETTINGS in listed else None
         (self.folder / SETTINGS).unlink(missing_ok=True)
         if settings is not None:
