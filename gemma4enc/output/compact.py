@@ -10,7 +10,7 @@ from ..errors import UsageError
 from ..media.sources import exists
 from .files import atomic_write, bounded_lines, line_of, own_opener
 from .ledger import Ledger
-from .names import LOCAL_NAME, SHARD_RE, not_an_output
+from .names import LOCAL_NAME, not_an_output, unnamed_shards
 
 
 def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
@@ -51,9 +51,9 @@ def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
     tokens = sum(ledger.entry(p).tokens for p in gone.values())
     ledger.refresh()  # the manifest is a new file now: read anew
     named = ledger.shards()
-    for p in folder.iterdir():  # the shards pruned files left, and those only superseded rows named
-        if SHARD_RE.match(p.name) and p.name not in named:
-            p.unlink(missing_ok=True)
+    # the shards pruned files left, and those only superseded rows named
+    for name in unnamed_shards((p.name for p in folder.iterdir()), named):
+        (folder / name).unlink(missing_ok=True)
     return {
         "out": str(folder),
         "rows_before": before,

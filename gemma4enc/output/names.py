@@ -51,6 +51,13 @@ def manifest_chain(parts: list[str]) -> tuple[list[str], bool]:
     return (parts[resets[-1]:], False) if resets else (list(parts), True)
 
 
+def unnamed_shards(names, named: set[str]) -> list[str]:
+    """OUT's shards among `names` that no latest row names (`named`: Ledger.shards()): dead, an
+    interrupted run's or those only superseded rows name. The one rule repair, compaction and a
+    store's compaction delete by."""
+    return sorted(n for n in names if SHARD_RE.match(n) and n not in named)
+
+
 def temp_name(name: str) -> str:
     """A temp name nobody can guess (64 random bits): a link planted in OUT for the next pids' temp
     files (a handed-over OUT) is never written through."""

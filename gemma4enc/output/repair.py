@@ -9,7 +9,7 @@ import os
 from ..rows import Row, Status
 from .files import own_opener
 from .ledger import Ledger
-from .names import SHARD_RE, TEMP_RE
+from .names import TEMP_RE, unnamed_shards
 
 LOST = Status.SHARD_LOST  # a row whose shard went missing or unreadable: always encoded again
 
@@ -31,7 +31,7 @@ def repair(out, ledger: Ledger | None = None) -> list[str]:
         p.unlink(missing_ok=True)
     notes += mark_lost(out, broken_shards(out, ledger), ledger)
     named = ledger.shards()  # shards only older rows name are dead too
-    orphans = [p for p in folder.iterdir() if SHARD_RE.match(p.name) and p.name not in named]
+    orphans = [folder / n for n in unnamed_shards((p.name for p in folder.iterdir()), named)]
     for p in orphans:
         p.unlink(missing_ok=True)
     if temps or orphans:

@@ -38,6 +38,7 @@ from .ledger import Ledger
 from .lock import holding
 from .names import (
     COMPACTED, LOCK, MANIFEST, PART_RE, PARTS, SEARCH_INDEX, SETTINGS, SHARD_RE, manifest_chain, not_an_output,
+    unnamed_shards,
 )
 from .out import Out, ShardPlace
 from .repair import mark_lost
@@ -177,11 +178,6 @@ class StoreOut(Out):
             raise UsageError(not_an_output(self.url))
         yield self.lock
 
-    def next_shard(self) -> int:
-        """Local shards of a run are numbered on from the store's highest."""
-        numbers = [int(m.group(1)) for n in self.shards if (m := SHARD_RE.match(n)) and m.group(1).isdigit()]
-        return 1 + max(numbers, default=-1)
-
     def publish(self, path: Path) -> None:
         """A shard just written into the temp folder, uploaded whole, then dropped here (disk stays
         bounded by the shards in flight). Its rows are pushed only after this returns."""
@@ -286,7 +282,7 @@ class StoreOut(Out):
         self.store.delete([reset])
         self.parts, self.pushed, self.stored = [], len(whole), True
         named = Ledger(self.folder).refresh().shards()
-        dead = sorted(n for n in self.shards if n not in named)
+        dead = unnamed_shards(self.shards, named)
         self.store.delete(dead)
         for name in dead:
             del self.shards[name]
