@@ -120,12 +120,11 @@ def decode_video_pyav(path: str, sampling: Sampling, transform=same, seek: str =
         times = (order - base) * float(stream.time_base)
         wanted = sampling.indices(len(times), times)
         asked = len(wanted)  # a seek may fold several onto one keyframe: the row says what was asked
+        bound = seek_bound(seek)
         if seek == "keyframe":
             wanted = snap_to_keyframes(wanted, np.searchsorted(order, index.keyframes).tolist())
-        elif seek_bound(seek):
-            wanted = snap_within(
-                wanted, np.searchsorted(order, index.keyframes).tolist(), times, seek_bound(seek)
-            )
+        elif bound:
+            wanted = snap_within(wanted, np.searchsorted(order, index.keyframes).tolist(), times, bound)
         size: list[tuple[int, int]] = []
         whole = seek != "keyframe" and len(order) <= WHOLE_FRAMES
         try:
@@ -242,9 +241,9 @@ def _pyav_frames(
     skip = None
     skipped: set[int] = set()  # pts of frames the decoder was told it may drop
     if keys_only or stream.codec_context.name in SKIPS_NONREF:
-        skip = lambda packet: packet.pts not in targets and (skipped.add(packet.pts) or True)
+        skip = lambda packet: _droppable(packet, targets, skipped)
     skip_mode = "NONKEY" if keys_only else "NONREF"
-    got: dict[int, np.ndarray] = {}
+    got: dict[int, object] = {}
     frames, position = None, None  # the decoding run in progress and the pts it reached
     # Seeks only ever go forward: each starts at a keyframe later than the last one's, so there are
     # at most as many decoding runs as keyframes, whatever the decoder gives back. A keyframe that
@@ -254,7 +253,8 @@ def _pyav_frames(
     lost: set[int] = set()  # pts of packets the decoder refused
 
     def onward(key: int) -> bool:  # a seek to `key` would go forward, past where decoding stands
-        return not sequential and key > position and (seeked is None or key > seeked)
+        ahead = position is not None and key > position
+        return not sequential and ahead and (seeked is None or key > seeked)
 
     while pending:
         key = _keyframe_before(keyframes, pending[0])
@@ -311,7 +311,7 @@ def _whole_frames(container, stream, index, wanted, transform, size) -> dict[int
     lost: set[int] = set()
     skip = None
     if stream.codec_context.name in SKIPS_NONREF:
-        skip = lambda packet: _droppable(packet, targets, index_of, skipped)
+        skip = lambda packet: _droppable(packet, targets, skipped, index_of)
     for frame in _decoded(container, stream, skip, "NONREF", None, lost):
         at = index_of.get(frame.pts)
         if at is None or at < n or any(int(order[j]) not in skipped for j in range(n, at)):
@@ -328,9 +328,10 @@ def _whole_frames(container, stream, index, wanted, transform, size) -> dict[int
     return got
 
 
-def _droppable(packet, targets: set, index_of: dict, skipped: set) -> bool:
-    """Whether the decoder may drop this packet's frame (no sample needs it); noted in `skipped`."""
-    if index_of.get(packet.pts) in targets:
+def _droppable(packet, targets: set, skipped: set, index_of: dict | None = None) -> bool:
+    """Whether the decoder may drop this packet's frame (no sample needs it); noted in `skipped`.
+    `targets`: the wanted pts, or with `index_of` the wanted frame numbers."""
+    if (packet.pts if index_of is None else index_of.get(packet.pts)) in targets:
         return False
     skipped.add(packet.pts)
     return True
@@ -450,12 +451,11 @@ def decode_video_decord(path: str, sampling: Sampling, transform=same, seek: str
     times = stamps[:, 0]
     wanted = sampling.indices(total, times)
     asked = len(wanted)
+    bound = seek_bound(seek)
     if seek == "keyframe":
         wanted = snap_to_keyframes(wanted, sorted(int(k) for k in reader.get_key_indices()))
-    elif seek_bound(seek):
-        wanted = snap_within(
-            wanted, sorted(int(k) for k in reader.get_key_indices()), times, seek_bound(seek)
-        )
+    elif bound:
+        wanted = snap_within(wanted, sorted(int(k) for k in reader.get_key_indices()), times, bound)
     images = []
     for at in range(0, len(wanted), DECORD_CHUNK):
         try:

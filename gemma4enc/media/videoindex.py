@@ -42,7 +42,10 @@ class Index:
 
 def scan(container, stream) -> Index:
     """Demux every packet once (all streams: where each ends tells a cut file from a long audio track)."""
-    pts, rank, dts, keyframes = [], {}, {}, []
+    pts: list[int] = []
+    rank: dict[int, int] = {}
+    dts: dict[int, int] = {}
+    keyframes: list[int] = []
     packets, by_count = 0, False
     first_dts = None
     video_end = None  # pts + duration of the last video packet, in the stream's units
@@ -94,6 +97,7 @@ def scan(container, stream) -> Index:
     )
     index.by_count, index.packets = by_count, packets
     if len(order):
+        assert video_end is not None and last is not None  # set by every frame's packet
         index.truncated, index.header = _cut(container, stream, packets, video_end, other_end)
         index.seconds = length(stream, index, last)
     return index
