@@ -29,7 +29,8 @@ install: venv
 
 # types where objects meet: the output folder's seam, the Ray driver, the video decoder; 0 errors (pyproject's [tool.mypy])
 check:
-	$(PY) -m mypy gemma4enc/output gemma4enc/run/ray gemma4enc/media/video.py gemma4enc/media/videoindex.py
+	$(PY) -m mypy gemma4enc/output gemma4enc/run/ray gemma4enc/media/video.py gemma4enc/media/videoindex.py \
+		gemma4enc/media/mpegts.py
 
 # what `pip install .` ships, as a user gets it: the sdist and the wheel built, the wheel (not
 # editable) installed into a fresh venv, then run from outside the checkout: --version, demo, encode, verify

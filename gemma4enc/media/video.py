@@ -540,22 +540,29 @@ DECORD_INEXACT = {"hevc", "h265"}
 
 
 def _refuse_encrypted(path) -> None:
-    """A CENC-encrypted MP4 track decodes to flat grey without its key: refused with a row instead."""
-    from . import isobmff
+    """A CENC-encrypted MP4 track decodes to flat grey without its key, a scrambled MPEG-TS video
+    to noise: refused with a row instead (encrypted WebM: _probe, from FFmpeg's own word)."""
+    from . import isobmff, mpegts
+
+    def look(f) -> bool:
+        head = f.read(2 * mpegts.PACKET + 1)
+        f.seek(0)
+        return mpegts.scrambled(f) if mpegts.is_ts(head) else isobmff.encrypted(f)
 
     try:
         if isinstance(path, str):
             with open(path, "rb") as f:
-                found = isobmff.encrypted(f)
+                found = look(f)
         else:
-            found = isobmff.encrypted(path)
+            found = look(path)
+            path.seek(0)
     except OSError:
         return  # unreadable: decoding says why
     if found:
         raise DecodeError(Status.UNSUPPORTED, ENCRYPTED)
 
 
-ENCRYPTED = "encrypted (CENC in MP4, ContentEncryption in WebM): it cannot be decoded without its key"
+ENCRYPTED = "encrypted (CENC in MP4, ContentEncryption in WebM, scrambled MPEG-TS): it cannot be decoded without its key"
 
 
 def decode_video(
