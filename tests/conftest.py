@@ -69,6 +69,18 @@ def photos():
 
 
 @pytest.fixture(scope="module")
+def contract_s3(request):
+    """A loopback S3 (moto) and a bucket of the module's own (moto's state is the process's), for a
+    module's backend contract tests: (filesystem, bucket)."""
+    pytest.importorskip("moto.server")
+    from .helpers import loopback_s3
+
+    bucket = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+    with loopback_s3(bucket) as (fs, _):
+        yield fs, bucket
+
+
+@pytest.fixture(scope="module")
 def good(tmp_path_factory):
     """Six valid photos and clips (corpus.good_media), made once per module."""
     return good_media(tmp_path_factory.mktemp("good") / "media")

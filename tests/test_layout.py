@@ -4,6 +4,7 @@ circle), and docs/architecture.md lists every module."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,10 +96,11 @@ def test_architecture_lists_every_module():
     assert not missing, f"docs/architecture.md does not list: {', '.join(missing)}"
 
 
-# OUT's seam (output/out.py): only these may reach the store layer; nothing above output/ knows a
-# store exists. export.py writes an export's DEST (not OUT) to a store; a Ray actor uploads its
-# task's shards through the ShardPlace it is handed (storeout.StorePlace), never naming the store.
-STORE_USERS = {"gemma4enc.output.storeout", "gemma4enc.output.export"}
+# OUT's seam (output/out.py over output/backend.py): only these may reach the store layer; nothing
+# above output/ knows a store exists. export.py writes an export's DEST (not OUT) to a store; a Ray
+# actor uploads its task's shards through the ShardPlace it is handed (storebackend.StorePlace).
+STORE_USERS = {"gemma4enc.output.storebackend", "gemma4enc.output.export"}
+BACKENDS = {"gemma4enc.output.backend", "gemma4enc.output.storebackend", "gemma4enc.output.memorybackend"}
 
 
 def test_only_the_seam_reaches_the_store():
@@ -106,8 +108,45 @@ def test_only_the_seam_reaches_the_store():
     store = [a for a, targets in graph.items() if "gemma4enc.output.store" in targets and a not in STORE_USERS]
     assert not store, f"modules that reach output/store.py past the Out seam: {store}"
     storeout = [a for a, targets in graph.items()
-                if "gemma4enc.output.storeout" in targets and a != "gemma4enc.output.opening"]
-    assert not storeout, f"only output/opening.py makes a StoreOut: {storeout}"
+                if "gemma4enc.output.storebackend" in targets and a != "gemma4enc.output.opening"]
+    assert not storeout, f"only output/opening.py makes a StoreBackend: {storeout}"
+
+
+def _classes():
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                yield name, node
+
+
+def test_out_is_one_class_over_a_small_backend():
+    """OUT's rules are written once (review_turn5 §6.3 #1, #2, #4): no subclass of `Out`; the
+    backend's abstract operations at most 12; none of OUT's own rules defined in two classes
+    outside the backends (a backend's operations have names of their own; a Protocol only names)."""
+    subclasses = [f"{m}.{c.name}" for m, c in _classes() if any(ast.unparse(b) == "Out" for b in c.bases)]
+    assert not subclasses, f"subclasses of Out: {subclasses}"
+    backend = next(c for m, c in _classes() if c.name == "OutBackend")
+    abstract = [f.name for f in backend.body if isinstance(f, ast.FunctionDef)
+                and any(ast.unparse(d) == "abstractmethod" for d in f.decorator_list)]
+    assert 0 < len(abstract) <= 12, abstract
+    rules = {"repair", "compact", "next_shard", "shard_names", "remove_shards", "holder", "clear", "prepare"}
+    where: dict[str, list[str]] = {}
+    for m, c in _classes():
+        if m not in BACKENDS and not any(ast.unparse(b) == "Protocol" for b in c.bases):
+            for f in c.body:
+                if isinstance(f, ast.FunctionDef) and f.name in rules:
+                    where.setdefault(f.name, []).append(f"{m}.{c.name}")
+    twice = {k: v for k, v in where.items() if len(v) > 1}
+    assert not twice, f"OUT's rules defined in more than one class: {twice}"
+
+
+def test_no_branch_on_the_kind_of_out_outside_the_backends():
+    """(§6.3 #5) Whether OUT is a store is the backend's to know: opening.py picks it, once."""
+    pattern = re.compile(r"store is None|url is not None|out\.remote|self\.remote\b|isinstance\([^)]*Backend")
+    found = [f"{name}:{i}" for name, path in _modules().items() if name not in BACKENDS
+             for i, line in enumerate(path.read_text().splitlines(), 1)
+             if pattern.search(line) and "ray.remote(" not in line and "self.remote.options" not in line]
+    assert not found, f"branches on the kind of OUT: {found}"
 
 
 def test_no_function_above_output_takes_out_as_a_bare_path():

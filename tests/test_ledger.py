@@ -19,7 +19,7 @@ from gemma4enc.media import discover as discover_module
 from gemma4enc.output import compact as compacting
 from gemma4enc.output.files import MANIFEST, line_of
 from gemma4enc.output.ledger import Ledger
-from gemma4enc.output.out import LocalOut
+from gemma4enc.output.opening import open_out
 
 from .helpers import BASE, encode, flags, photo, shard_tokens
 
@@ -163,7 +163,7 @@ def test_a_killed_prune_leaves_a_valid_folder(done, monkeypatch):
 
     monkeypatch.setattr(compacting, "atomic_write", die_on_manifest)
     with pytest.raises(KeyboardInterrupt):
-        compacting.compact(LocalOut(out), prune=True)
+        open_out(out).compact(prune=True)
     assert (out / MANIFEST).read_bytes() == manifest_before
     report = json.loads(RUN.invoke(app, ["verify", str(out), "--json"]).stdout)
     assert report["ok"] and report["orphan_shards"]  # the half-done copy is an orphan, nothing else

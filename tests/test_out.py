@@ -1,9 +1,11 @@
-"""OUT's contract, the same for both backends (in the manner of zarr's store tests): one class of
-behaviours, run on a folder (`TestLocalOut`) and on a loopback S3 (`TestStoreOut`, moto).
+"""OUT's contract, the same for every backend (in the manner of zarr's store tests): one class of
+behaviours, run on memory (`TestMemoryOut`, the fast default), on a folder (`TestFolderOut`) and on
+a loopback S3 (`TestStoreOut`, moto); the last two are marked slow.
 
-Each behaviour opens OUT through `open_out` as the commands do, writes through the `Out` it gets,
-and checks what a later `open_out` of the same OUT reads back: what one backend does, the other
-must do too, and where they differ on purpose (when the lock is taken) the test says so."""
+Each behaviour opens OUT as the commands do (`open_out`; memory: an `Out` over the same dict),
+writes through the `Out` it gets, and checks what a later open of the same OUT reads back: what one
+backend does, the others must do too, and where they differ on purpose (when the lock is taken)
+the test says so."""
 
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from gemma4enc.errors import UsageError
 from gemma4enc.options import Options, Sampling
 from gemma4enc.output.names import LOCK, MANIFEST, SETTINGS
 from gemma4enc.output.opening import open_out
-from gemma4enc.output.openreader import open_reader
+from gemma4enc.output.memorybackend import MemoryBackend
+from gemma4enc.output.out import Out
+from gemma4enc.output.reader import Embeddings
 from gemma4enc.output.shards import ShardWriter
 from gemma4enc.rows import Row, Status
 
-from .helpers import loopback_s3
 
 OPTIONS = Options(dtype="float32", sampling=Sampling(frames=4))
 
@@ -58,6 +61,9 @@ class OutContract:
 
     where: str
 
+    def open(self, write: bool = False, overwrite: bool = False) -> Out:
+        return open_out(self.where, write=write, overwrite=overwrite)
+
     def names(self) -> set[str]:
         raise NotImplementedError
 
@@ -73,7 +79,7 @@ class OutContract:
 
     def write(self, files: range, value: float = 0.0, per_shard: int = 100, media: str = MEDIA) -> None:
         """Files' tokens in shards (`per_shard` files each), their rows in the manifest, under the lock."""
-        with open_out(self.where, write=True) as out, out.locked():
+        with self.open(write=True) as out, out.locked():
             out.prepare(OPTIONS)
             out.record_settings(OPTIONS)
             writer = ShardWriter(out, "float32", {"model": "test"}, shard_bytes=per_shard * 3 * 4 * 4)
@@ -82,7 +88,7 @@ class OutContract:
             writer.close()
 
     def rows(self) -> dict[str, dict]:
-        with open_out(self.where) as out:
+        with self.open() as out:
             ledger = out.ledger()
             return {p: ledger.row(p) for p in ledger}
 
@@ -90,44 +96,44 @@ class OutContract:
 
     def test_settings_are_recorded_once_and_an_output_shaping_change_is_refused(self):
         self.write(range(1))
-        with open_out(self.where) as out:
+        with self.open() as out:
             recorded = out.settings()
         assert recorded["sampling"] == {"frames": 4, "fps": None, "max_frames": 32}
-        with open_out(self.where, write=True) as out, out.locked():
+        with self.open(write=True) as out, out.locked():
             out.prepare(Options(dtype="float32", sampling=Sampling(frames=4), workers=3))  # speed only
             with pytest.raises(UsageError, match=r"other settings \(dtype: 'float32' → 'bfloat16'\)"):
                 out.prepare(Options(dtype="bfloat16", sampling=Sampling(frames=4)))
             out.record_settings(Options(dtype="bfloat16"))  # recorded once: a later run only checks
-        with open_out(self.where) as out:
+        with self.open() as out:
             assert out.settings() == recorded
 
     # the lock
 
     def test_a_second_holder_is_refused_while_the_first_holds(self):
         self.write(range(1))
-        with open_out(self.where, write=True) as first, first.locked():
+        with self.open(write=True) as first, first.locked():
             with pytest.raises(UsageError, match="in use by another gemma4enc run"):
-                with open_out(self.where, write=True) as second, second.locked():
+                with self.open(write=True) as second, second.locked():
                     pass  # pragma: no cover - the lock must refuse before this
-            with open_out(self.where) as reader:
+            with self.open() as reader:
                 assert reader.holder() is not None and str(os.getpid()) in reader.holder()
-        with open_out(self.where) as reader:
+        with self.open() as reader:
             assert reader.holder() is None  # released
 
     def test_a_dead_holders_lock_is_taken_over_and_said(self):
         self.write(range(1))
         gone = {"pid": dead_pid(), "host": socket.gethostname(), "started": "2026-01-01T00:00:00+0000"}
         self.plant(LOCK, json.dumps(gone).encode())
-        with open_out(self.where) as reader:
+        with self.open() as reader:
             assert reader.holder() is None  # a killed run holds nothing
-        with open_out(self.where, write=True) as out, out.locked() as lock:
+        with self.open(write=True) as out, out.locked() as lock:
             assert lock.previous["pid"] == gone["pid"]
 
     # appends and the ledger
 
     def test_rows_appended_are_what_the_next_open_reads(self):
         self.write(range(3))
-        with open_out(self.where, write=True) as out, out.locked():
+        with self.open(write=True) as out, out.locked():
             out.append([row(1, Status.DECODE_ERROR).to_json()])
             out.append([row(7, Status.UNSUPPORTED).to_json()], later=True)
             out.sync()
@@ -139,7 +145,7 @@ class OutContract:
     def test_a_torn_last_line_is_dropped_by_repair(self):
         self.write(range(2))
         self.tear(b'{"path": "/nonexistent-media/torn.jpg", "sta')
-        with open_out(self.where, write=True) as out, out.locked():
+        with self.open(write=True) as out, out.locked():
             out.prepare(OPTIONS)
             out.append([row(5, Status.DECODE_ERROR).to_json()])  # on a line of its own
         assert sorted(self.rows()) == [path(0), path(1), path(5)]
@@ -148,12 +154,12 @@ class OutContract:
 
     def test_repair_marks_a_lost_shards_rows_and_removes_orphans_and_nothing_else(self):
         self.write(range(4), per_shard=2)  # two shards
-        with open_out(self.where) as out:
+        with self.open() as out:
             lost = out.ledger().row(path(0))["shard"]
         self.remove(lost)
         self.plant("shard-000099.safetensors", b"an orphan: no row names it")
         self.plant("notes.txt", b"the user's own")
-        with open_out(self.where, write=True) as out, out.locked():
+        with self.open(write=True) as out, out.locked():
             notes = out.prepare(OPTIONS)
         assert any("missing or unreadable" in n for n in notes), notes
         rows = self.rows()
@@ -169,28 +175,29 @@ class OutContract:
         for i in (1, 2):  # 0 is gone: prune drops its row and its tokens
             open(path(i, media), "wb").close()
         self.write(range(3), per_shard=3, media=media)  # one shard of three
-        with open_out(self.where, write=True) as out, out.locked():
+        with self.open(write=True) as out, out.locked():
             out.append([row(2, Status.DECODE_ERROR, media).to_json()])
             report = out.compact(out.ledger())
         assert (report["rows_before"], report["rows_after"]) == (4, 3)
-        with open_out(self.where) as out:
+        with self.open() as out:
             ledger = out.ledger()
             assert ledger.lines == 3 and ledger.row(path(2, media))["status"] == Status.DECODE_ERROR
             old = ledger.row(path(0, media))["shard"]
-        with open_out(self.where, write=True) as out, out.locked():
+        with self.open(write=True) as out, out.locked():
             report = out.compact(out.ledger(), prune=True)
         assert (report["pruned"], report["shards_rewritten"]) == (1, 1)
         rows = self.rows()
         assert sorted(rows) == [path(1, media), path(2, media)]
         assert rows[path(1, media)]["shard"] != old and rows[path(1, media)]["index"] == 0
         assert old not in self.names() and rows[path(1, media)]["shard"] in self.names()
-        assert torch.equal(open_reader(self.where)[path(1, media)], torch.full((3, 4), 1.0))
+        with self.open() as out:
+            assert torch.equal(Embeddings(out)[path(1, media)], torch.full((3, 4), 1.0))
 
     # shard numbering, fetching, removal
 
     def test_shards_are_numbered_on_from_the_highest(self):
         self.write(range(2), per_shard=1)
-        with open_out(self.where) as out:
+        with self.open() as out:
             assert out.next_shard() == 2 and sorted(out.shard_names()) == [
                 "shard-000000.safetensors", "shard-000001.safetensors"]
         self.write(range(2, 3), per_shard=1)
@@ -198,11 +205,11 @@ class OutContract:
 
     def test_a_shard_read_once_leaves_no_fetched_copy(self):
         self.write(range(1))
-        with open_out(self.where) as out:
+        with self.open() as out:
             name = out.ledger().row(path(0))["shard"]
             with out.shard(name) as local:
                 assert local.stat().st_size > 0
-            assert out.path(name).exists() == (not out.remote)  # a folder's own shard is never touched
+            assert out.path(name).exists() == out.in_place  # a folder's own shard is never touched
         assert name in self.names()
 
     def test_remove_shards_takes_a_tasks_shards_only(self):
@@ -210,7 +217,7 @@ class OutContract:
         for name in ("shard-00000000000000aa-000.safetensors", "shard-00000000000000aa-001.safetensors",
                      "shard-00000000000000bb-000.safetensors"):
             self.plant(name, b"a task's shard")
-        with open_out(self.where, write=True) as out, out.locked():
+        with self.open(write=True) as out, out.locked():
             out.remove_shards(("shard-00000000000000aa-",))
         left = self.names()
         assert "shard-00000000000000bb-000.safetensors" in left
@@ -220,15 +227,41 @@ class OutContract:
     def test_overwrite_clears_what_gemma4enc_wrote_and_nothing_else(self):
         self.write(range(2))
         self.plant("notes.txt", b"the user's own")
-        with open_out(self.where, write=True, overwrite=True) as out, out.locked():
+        with self.open(write=True, overwrite=True) as out, out.locked():
             out.prepare(OPTIONS, overwrite=True)
         left = self.names()
         assert "notes.txt" in left and not [n for n in left if n.startswith("shard-") or n == SETTINGS]
-        with open_out(self.where) as out:
+        with self.open() as out:
             assert not out.found() or len(out.ledger()) == 0
 
 
-class TestLocalOut(OutContract):
+class TestMemoryOut(OutContract):
+    """OUT as a dict: every rule of Out in milliseconds, with no disk to fill nor store to start."""
+
+    @pytest.fixture(autouse=True)
+    def _objects(self):
+        self.objects: dict[str, bytes] = {}
+        self.where = "memory://contract"
+
+    def open(self, write: bool = False, overwrite: bool = False) -> Out:
+        return Out(MemoryBackend(self.objects, self.where).open())
+
+    def names(self) -> set[str]:
+        return set(self.objects)
+
+    def plant(self, name: str, data: bytes) -> None:
+        self.objects[name] = data
+
+    def remove(self, name: str) -> None:
+        del self.objects[name]
+
+    def tear(self, data: bytes) -> None:
+        # pushed lines are whole; a manifest object that ends mid-line (written by another tool)
+        self.objects[MANIFEST] += data
+
+
+@pytest.mark.slow
+class TestFolderOut(OutContract):
     @pytest.fixture(autouse=True)
     def _folder(self, tmp_path):
         self.folder = tmp_path / "out"
@@ -248,18 +281,12 @@ class TestLocalOut(OutContract):
             f.write(data)
 
 
-@pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("moto.server")
-    with loopback_s3("contract") as (fs, _):
-        yield fs
-
-
+@pytest.mark.slow
 class TestStoreOut(OutContract):
     @pytest.fixture(autouse=True)
-    def _prefix(self, s3, request):
-        self.s3 = s3
-        self.prefix = f"contract/{request.node.name}"
+    def _prefix(self, contract_s3, request):
+        self.s3, bucket = contract_s3
+        self.prefix = f"{bucket}/{request.node.name}"
         self.where = f"s3://{self.prefix}"
 
     def names(self) -> set[str]:

@@ -262,9 +262,9 @@ def test_a_bucket_that_is_not_there_is_one_line_and_exit_2(s3, good, ckpt):
 
 
 def test_a_run_merges_the_parts_once_they_pile_up(s3, good, ckpt, local, monkeypatch):
-    from gemma4enc.output import storeout
+    from gemma4enc.output import out
 
-    monkeypatch.setattr(storeout, "AUTO_PARTS", 3)
+    monkeypatch.setattr(out, "AUTO_PARTS", 3)
     url, prefix = f"s3://{BUCKET}/runs/piled", f"{BUCKET}/runs/piled"
     code, output = _cli("encode", good, "-o", url, "--model", ckpt, *flags(quiet=False), "--workers", "0",
                         "--flush-seconds", "0")  # a shard and a part per file: six parts

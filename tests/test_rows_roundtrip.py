@@ -10,7 +10,7 @@ from gemma4enc.output.ledger import Ledger
 from gemma4enc.output.repair import mark_lost
 from gemma4enc.output.shards import ShardWriter
 from gemma4enc.rows import Row, Status
-from gemma4enc.output.out import LocalOut
+from gemma4enc.output.opening import open_out
 
 
 def test_a_row_goes_through_a_real_shard_and_back(tmp_path):
@@ -36,7 +36,7 @@ def test_a_row_goes_through_a_real_shard_and_back(tmp_path):
     assert torch.equal(emb[item.path], torch.cat(frames))
 
     ledger = Ledger.load(out)
-    mark_lost(LocalOut(out), {back.shard}, ledger)
+    mark_lost(open_out(out), {back.shard}, ledger)
     lost = gemma4enc.open(out).row(item.path)
     assert isinstance(lost, Row) and lost.status == Status.SHARD_LOST and lost.shard is None and lost.tokens == 0
     assert (lost.frame_tokens, lost.sha256, lost.extra) == (row.frame_tokens, row.sha256, row.extra)

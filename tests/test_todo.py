@@ -17,11 +17,9 @@ from gemma4enc.errors import UsageError
 from gemma4enc.media.discover import discover
 from gemma4enc.media.kinds import Item
 from gemma4enc.options import Options
-from gemma4enc.output.compact import compact
 from gemma4enc.output.files import MANIFEST, append_rows
 from gemma4enc.output.ledger import Ledger
-from gemma4enc.output.repair import repair
-from gemma4enc.output.out import LocalOut
+from gemma4enc.output.opening import open_out
 from gemma4enc.output.shards import ShardWriter
 from gemma4enc.output.todo import Unchanged, still_to_do
 from gemma4enc.rows import Row, Status
@@ -197,7 +195,7 @@ def test_a_file_counted_done_is_decided_again_when_its_row_changes_before_the_lo
     items, _ = discover([str(media), str(extra)], known=unchanged.known)
     assert items == [] and len(unchanged) == 4
     (out / "shard-000000.safetensors").unlink()  # before the lock: the repair marks its files lost
-    repair(LocalOut(out), ledger)
+    open_out(out).repair(ledger)
     back = unchanged.again(items)
     assert [(os.path.basename(i.path), i.root, i.rel) for i in back] == [
         (f"{i}.png", str(media), f"{i}.png") for i in range(3)]  # as discovery would have made them
@@ -207,7 +205,7 @@ def test_a_file_counted_done_is_decided_again_when_its_row_changes_before_the_lo
     unchanged = Unchanged(ledger, Options())  # now: another run compacts the manifest (a new file)
     items, _ = discover([str(media), str(extra)], known=unchanged.known)
     assert [os.path.basename(i.path) for i in items] == ["0.png", "1.png", "2.png"] and len(unchanged) == 1
-    compact(LocalOut(out), Ledger(out))
+    open_out(out).compact(Ledger(out))
     ledger.refresh()
     back = unchanged.again(items)
     assert [(os.path.basename(i.path), i.root, i.rel) for i in back] == [
@@ -237,13 +235,13 @@ def test_repair_undoes_what_a_kill_leaves_and_nothing_else(tmp_path):
     for name in ours + theirs:
         (out / name).write_bytes(b"half")
     shutil.copy(out / "shard-000000.safetensors", out / "shard-000001.safetensors")  # written, its rows never
-    notes = repair(LocalOut(out))
+    notes = open_out(out).repair()
     assert (out / MANIFEST).read_bytes() == whole  # the torn line is gone, the next append starts a line
     assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "shard-000000.safetensors", *theirs])
     assert notes == ["dropped a torn last line of the manifest (its file will be encoded again)",
-                     "removed 3 temp file(s) and 1 shard(s) of an interrupted run"]
+                     "removed 3 temp file(s) of an interrupted run", "removed 1 shard(s) of an interrupted run"]
     assert [r["path"] for r in manifest(out)] == paths
-    assert repair(LocalOut(out)) == []  # nothing left to undo
+    assert open_out(out).repair() == []  # nothing left to undo
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
@@ -257,9 +255,9 @@ def test_repair_marks_the_files_of_a_lost_shard_to_be_encoded_again(tmp_path, da
         shard.unlink()
     else:
         shard.write_bytes(shard.read_bytes()[:100])
-    notes = repair(LocalOut(out))
+    notes = open_out(out).repair()
     lost_note = "1 shard(s) missing or unreadable (shard-000000.safetensors): their 3 file(s) are encoded again"
-    removed = [] if damage == "missing" else ["removed 0 temp file(s) and 1 shard(s) of an interrupted run"]
+    removed = [] if damage == "missing" else ["removed 1 shard(s) of an interrupted run"]
     assert notes == [lost_note, *removed]
     lost = manifest(out)[3:]
     assert [(r["path"], r["status"], r["shard"], r["index"], r["tokens"]) for r in lost] == [
@@ -273,20 +271,20 @@ def test_settings_are_recorded_once_and_only_output_shaping_ones_must_match(tmp_
 
     out = tmp_path / "out"
     first = Options(dtype="float32", sampling=Sampling(frames=4))
-    assert LocalOut(out).prepare(first) == []
-    LocalOut(out).record_settings(first)
+    assert open_out(out).prepare(first) == []
+    open_out(out).record_settings(first)
     recorded = json.loads((out / "settings.json").read_text())
     assert recorded["sampling"] == {"frames": 4, "fps": None, "max_frames": 32} and recorded["dtype"] == "float32"
     assert "workers" not in recorded and "batching" not in recorded
-    LocalOut(out).prepare(Options(dtype="float32", sampling=Sampling(frames=4), workers=3, batching="pack"))  # speed only
+    open_out(out).prepare(Options(dtype="float32", sampling=Sampling(frames=4), workers=3, batching="pack"))  # speed only
     with pytest.raises(UsageError, match=r"other settings \(sampling: .*'frames': 4.* → .*'frames': 6"):
-        LocalOut(out).prepare(Options(dtype="float32", sampling=Sampling(frames=6)))
+        open_out(out).prepare(Options(dtype="float32", sampling=Sampling(frames=6)))
     with pytest.raises(UsageError, match=r"other settings \(dtype: 'float32' → 'bfloat16'\)"):
-        LocalOut(out).prepare(Options(dtype="bfloat16", sampling=Sampling(frames=4)))
+        open_out(out).prepare(Options(dtype="bfloat16", sampling=Sampling(frames=4)))
     del recorded["seek"]  # a folder from a version that did not record seek yet
     (out / "settings.json").write_text(json.dumps(recorded))
-    LocalOut(out).prepare(Options(dtype="float32", sampling=Sampling(frames=4), seek="keyframe"))
-    LocalOut(out).record_settings(Options(dtype="bfloat16"))  # recorded once: a later run only checks
+    open_out(out).prepare(Options(dtype="float32", sampling=Sampling(frames=4), seek="keyframe"))
+    open_out(out).record_settings(Options(dtype="bfloat16"))  # recorded once: a later run only checks
     assert json.loads((out / "settings.json").read_text()) == recorded
 
 

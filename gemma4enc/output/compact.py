@@ -10,22 +10,22 @@ from ..errors import UsageError
 from ..media.sources import exists
 from .files import atomic_write, bounded_lines, line_of, own_opener
 from .ledger import Ledger
-from .names import LOCAL_NAME, not_an_output, unnamed_shards
+from .names import LOCAL_NAME, not_an_output
 
 
 def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
     """Rewrite OUT's manifest (`out`: an Out, out.py) with each file's latest row only; with prune,
     only files that still exist.
 
-    Call under the lock. Pruned files' tokens go too: each shard holding one is copied without
+    Call under the lock, through `Out.compact`, which makes the result OUT's and removes the shards
+    no row names any more. Pruned files' tokens go too: each shard holding one is copied without
     it under a new name first, then the manifest is replaced (temp, fsync, rename), then the old
     shards are removed. A kill at any point leaves a valid folder (at worst unnamed shards, which
     the next run clears).
     """
-    folder = out.folder
-    ledger = (ledger or Ledger(folder)).refresh()
+    ledger = (ledger or out.ledger(read=False)).refresh()
     if not ledger.path.exists():
-        raise UsageError(not_an_output(folder))
+        raise UsageError(not_an_output(out.url))
     gone = {ledger.entry(p).offset: p for p in ledger if not exists(p)} if prune else {}
     moved, replaced = (
         _rewrite_shards(out, ledger, gone) if gone else ({}, [])
@@ -50,12 +50,8 @@ def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
     atomic_write(ledger.path, write)
     tokens = sum(ledger.entry(p).tokens for p in gone.values())
     ledger.refresh()  # the manifest is a new file now: read anew
-    named = ledger.shards()
-    # the shards pruned files left, and those only superseded rows named
-    for name in unnamed_shards((p.name for p in folder.iterdir()), named):
-        (folder / name).unlink(missing_ok=True)
     return {
-        "out": str(folder),
+        "out": out.url,
         "rows_before": before,
         "rows_after": len(ledger),
         "pruned": len(gone),
@@ -82,6 +78,7 @@ def _rewrite_shards(
             number += 1
             with out.shard(name) as path:
                 rewrite_shard(path, [i for i, _ in kept], out.folder / new)
+            out.publish(out.folder / new)  # a store's uploaded before the manifest names it
             moved.update({off: {"shard": new, "index": j} for j, (_, off) in enumerate(kept)})
     return moved, hit
 

@@ -158,7 +158,7 @@ def export_to(out, to: str, dest, *args, overwrite: bool = False) -> dict:
 
 def _source(out) -> str:
     """OUT as the user named it: a store's URL (not its working copy), a folder's absolute path."""
-    return out.url if out.remote else str(out.folder.resolve())
+    return out.absolute()
 
 
 def _clear(dest: Path, overwrite: bool) -> None:

@@ -3,7 +3,7 @@ store's prefix), and so what it may clean up there and nothing else.
 
   settings.json                      the settings that shape the output, recorded once
   manifest.jsonl                     one row per input file, appended; the latest row of a path wins
-  manifest.parts/NNNNNNNNNNNN-RUN.jsonl   a store's rows written since its base (storeout.py)
+  manifest.parts/NNNNNNNNNNNN-RUN.jsonl   a store's rows written since its base (storebackend.py)
   shard-NNNNNN.safetensors           a local run's shards; shard-<task>-NNN from a Ray task
   gemma4enc.lock                     while a run holds OUT
   search-index.*                     search's cache (vecstore.py)
@@ -23,7 +23,7 @@ SEARCH_INDEX = (  # search's cache (output/vecstore.py)
     "search-index.json", "search-index.vectors", "search-index.rows.npy", "search-index.paths",
     "search-index.faiss", "search-index.lock",
 )
-PARTS = "manifest.parts"  # a store's manifest parts (storeout.py)
+PARTS = "manifest.parts"  # a store's manifest parts (storebackend.py)
 COMPACTED = "~compacted.jsonl"
 PART_RE = re.compile(r"^manifest\.parts/(\d{12})[-~][^/]*\.jsonl$")
 

@@ -1,5 +1,5 @@
-"""OUT as the user names it (a folder, a URL) → its `Out` (out.py): the one place that tells a store
-from a folder, as zarr's make_store does."""
+"""OUT as the user names it (a folder, a URL) → its `Out` (out.py) over the backend that holds it
+(backend.py): the one place that tells a store from a folder, as zarr's make_store does."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 from ..errors import SAVED, OutputError, UsageError, no_credentials
+from .backend import FolderBackend
 from .names import not_an_output
-from .out import LocalOut, Out
+from .out import Out
 
 
 def open_out(where, write: bool = False, overwrite: bool = False) -> Out:
@@ -21,22 +22,25 @@ def open_out(where, write: bool = False, overwrite: bool = False) -> Out:
 
     no_credentials(str(where), "OUT")
     if not is_url(str(where)):
-        out = LocalOut(Path(where))
-        if write and out.folder.exists() and not out.folder.is_dir():  # /dev/null, a file
-            kind = "a file" if out.folder.is_file() else "not a folder"
+        folder = Path(where)
+        if write and folder.exists() and not folder.is_dir():  # /dev/null, a file
+            kind = "a file" if folder.is_file() else "not a folder"
             raise UsageError(
-                f"-o {out.folder}: {kind}; OUT is the folder the shards and manifest go in (new, or one encode made)"
+                f"-o {folder}: {kind}; OUT is the folder the shards and manifest go in (new, or one encode made)"
             )
-        return out
-    from .storeout import StoreOut
+        return Out(FolderBackend(folder))
+    from .storebackend import StoreBackend
 
-    store = StoreOut(str(where))
+    store = StoreBackend(str(where))
+    out = Out(store)
     try:
-        store.open(write, overwrite)
+        store.open(write)
+        if write and overwrite:
+            out.clear()  # under the lock, before anything reads it
     except BaseException:
-        store.close()
+        out.close()
         raise
-    return store
+    return out
 
 
 @contextlib.contextmanager
@@ -57,4 +61,4 @@ def reading(where, need: bool = True):
 
 def as_out(out) -> Out:
     """An `Out` as it is, or a path taken for a local folder (a reader made from a path)."""
-    return out if isinstance(out, Out) else LocalOut(Path(os.fspath(out)))
+    return out if isinstance(out, Out) else Out(FolderBackend(Path(os.fspath(out))))

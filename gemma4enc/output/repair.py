@@ -1,58 +1,13 @@
-"""What a killed run leaves in a folder, made right before the next one: a torn last manifest line,
-temp files, shards no row names, and rows whose shard went missing (superseded by `shard_lost` rows).
-A store's own repair is StoreOut.repair; both mark lost rows with `mark_lost`."""
+"""Rows whose shard went missing or unreadable, superseded by `shard_lost` rows (their files are
+encoded again): by a run's repair (Out.repair, which also cuts what a kill leaves) and by
+`verify --repair`."""
 
 from __future__ import annotations
 
-import os
-
 from ..rows import Row, Status
-from .files import own_opener
 from .ledger import Ledger
-from .names import TEMP_RE, unnamed_shards
 
 LOST = Status.SHARD_LOST  # a row whose shard went missing or unreadable: always encoded again
-
-
-def repair(out, ledger: Ledger | None = None) -> list[str]:
-    """Undo what a kill can leave in a folder OUT (`out`: an Out, out.py): a torn last manifest line,
-    temp files, shards no row names."""
-    folder = out.folder
-    notes = []
-    ledger = (ledger or Ledger(folder)).refresh()  # stops before a torn last line: ledger.end is where it starts
-    manifest = ledger.path
-    if manifest.exists() and manifest.stat().st_size > ledger.end:
-        with open(manifest, "rb+", opener=own_opener) as f:  # the next append must start on a line of its own
-            f.truncate(ledger.end)
-            os.fsync(f.fileno())
-        notes.append("dropped a torn last line of the manifest (its file will be encoded again)")
-    temps = [p for p in folder.iterdir() if TEMP_RE.match(p.name)]
-    for p in temps:
-        p.unlink(missing_ok=True)
-    notes += mark_lost(out, broken_shards(out, ledger), ledger)
-    named = ledger.shards()  # shards only older rows name are dead too
-    orphans = [folder / n for n in unnamed_shards((p.name for p in folder.iterdir()), named)]
-    for p in orphans:
-        p.unlink(missing_ok=True)
-    if temps or orphans:
-        notes.append(
-            f"removed {len(temps)} temp file(s) and {len(orphans)} shard(s) of an interrupted run"
-        )
-    return notes
-
-
-def broken_shards(out, ledger: Ledger) -> set[str]:
-    """Shards that ok rows name but that are gone or whose header cannot be read (cheap: headers only)."""
-    from safetensors import safe_open
-
-    broken = set()
-    for name in ledger.shards():  # only ok rows name a shard
-        try:
-            with safe_open(str(out.folder / name), framework="numpy"):  # not "pt": a no-op run never imports torch
-                pass
-        except Exception:  # noqa: BLE001 - missing, truncated, garbage: all mean its tokens are lost
-            broken.add(name)
-    return broken
 
 
 def mark_lost(out, shards: set[str], ledger: Ledger) -> list[str]:

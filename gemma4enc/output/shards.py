@@ -43,10 +43,12 @@ class ShardSink(Protocol):
     """Where a ShardWriter's shards and rows go: an `Out` (output/out.py), or a Ray task's own
     (run/ray/actor.py), which collects the rows for the driver."""
 
-    folder: Path  # where a shard is written (temp name, fsync, rename)
+    @property
+    def folder(self) -> Path: ...  # where a shard is written (temp name, fsync, rename)
+
     records: bool  # its rows are the run's manifest: an error can say how many were saved
 
-    def next_shard(self) -> int: ...  # the first shard's number
+    def first_shard(self) -> int: ...  # the number of the writer's first shard
 
     def shard_name(self, k: int) -> str: ...
 
@@ -110,7 +112,7 @@ class ShardWriter:
         # rows this writer saved; None where its rows are not the run's (a Ray task's): an error
         # then cannot tell whether the run saved any
         self.saved: int | None = 0 if self.sink.records else None
-        self.next_shard = self.sink.next_shard()
+        self.next_shard = self.sink.first_shard()
         self.pending: list[Pending] = []
         self.bytes = 0
         self.last_flush = time.monotonic()

@@ -219,7 +219,7 @@ def _state(out: Out, folder: Path, meta: dict) -> str:
             sizes_ok = sizes_ok and (folder / FAISS).stat().st_size == meta["faiss_bytes"]
     except (OSError, KeyError):
         return "none"
-    local = not out.remote  # a store's manifest is a new copy every time: its bytes decide
+    local = out.in_place  # a store's manifest is a new copy every time: its bytes decide
     if not sizes_ok or st.st_size < meta["end"] or (local and st.st_ino != meta["ino"]):
         return "none"
     if _digests(out.path(MANIFEST), meta["end"]) != meta["digests"]:

@@ -26,6 +26,7 @@ import os
 import re
 import stat
 import struct
+from typing import Union
 
 import numpy as np
 
@@ -68,47 +69,67 @@ def _own(path: str) -> int:
     return fd
 
 
-class Source:
-    """OUT's objects by name, in a local folder or under a URL (fsspec), read-only, by byte range."""
+class FolderSource:
+    """OUT's files by name in a local folder, read-only, by byte range (as gemma4enc opens its own)."""
 
     def __init__(self, out: str):
-        self.out = str(out).rstrip("/")
-        self.remote = "://" in self.out
-        if self.remote:
-            try:
-                from fsspec.core import url_to_fs
-
-                self.fs, root = url_to_fs(self.out)
-            except ImportError as e:
-                raise ImportError(f"{self.out}: reading it needs fsspec and its protocol's package "
-                                  f"(s3://: pip install s3fs): {e}") from None
-            self.root = root.rstrip("/")
+        self.out = out
 
     def read(self, name: str) -> bytes | None:
         try:
-            if self.remote:
-                return self.fs.cat_file(f"{self.root}/{name}")
             with os.fdopen(_own(os.path.join(self.out, name)), "rb") as f:
                 return f.read()
         except FileNotFoundError:
             return None
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
-        if self.remote:
-            return self.fs.cat_file(f"{self.root}/{name}", start=start, end=end)
         with os.fdopen(_own(os.path.join(self.out, name)), "rb") as f:
             f.seek(start)
             return f.read(end - start)
 
     def parts(self) -> list[str]:
-        """manifest.parts/*.jsonl names, in name order (an OUT at a URL; none locally)."""
-        if not self.remote:
-            return []
+        return []  # a folder's manifest is one file
+
+
+class UrlSource:
+    """OUT's objects by name under a URL (fsspec), read-only, by byte range."""
+
+    def __init__(self, out: str):
+        try:
+            from fsspec.core import url_to_fs
+
+            self.fs, root = url_to_fs(out)
+        except ImportError as e:
+            raise ImportError(f"{out}: reading it needs fsspec and its protocol's package "
+                              f"(s3://: pip install s3fs): {e}") from None
+        self.root = root.rstrip("/")
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(f"{self.root}/{name}")
+        except FileNotFoundError:
+            return None
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        return self.fs.cat_file(f"{self.root}/{name}", start=start, end=end)
+
+    def parts(self) -> list[str]:
+        """manifest.parts/*.jsonl names, in name order."""
         try:
             names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(f"{self.root}/{PARTS}", detail=False)]
         except FileNotFoundError:
             return []
         return sorted(n for n in names if PART_RE.match(f"{PARTS}/{n}"))
+
+
+Source = Union[FolderSource, UrlSource]
+
+
+def source(out: str) -> Source:
+    """OUT as the user named it → its reader: the one place here that tells a URL from a folder
+    (output/opening.py is gemma4enc's; this module may import none of it but names.py)."""
+    out = str(out).rstrip("/")
+    return UrlSource(out) if "://" in out else FolderSource(out)
 
 
 # the colour of a stand-in's every pixel (requests.py): a flat image of it is no real file's, so the
@@ -152,7 +173,7 @@ class OutCache:
     """
 
     def __init__(self, out: str, hash_files: bool = True):
-        self.source = Source(out)
+        self.source = source(out)
         settings = self.source.read(SETTINGS)
         rows = manifest_rows(self.source)
         if settings is None or not rows and self.source.read(MANIFEST) is None:

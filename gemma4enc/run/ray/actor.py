@@ -29,7 +29,7 @@ from ...errors import OutputError
 from ...media.kinds import Item
 from ...options import Options
 from ...output.names import task_shard_name
-from ...output.out import ShardPlace
+from ...output.backend import ShardPlace
 from ...rows import Row
 
 # what a task's result says went wrong; "died" is the driver's, for a task that never came back
@@ -64,8 +64,8 @@ class TaskSink:
         self.folder, self.task, self.place = folder, task, place
         self.rows: list[Row] = []
 
-    def next_shard(self) -> int:
-        return 0
+    def first_shard(self) -> int:
+        return 0  # a task's shards are named by the task: numbered from 0 in each
 
     def shard_name(self, k: int) -> str:
         return task_shard_name(self.task, k)
