@@ -16,6 +16,7 @@ from transformers.image_utils import load_image
 import gemma4enc
 from gemma4enc.commands.cli import app
 from gemma4enc.dev.demo import write_images, write_video
+from gemma4enc.output.opening import open_out
 
 from .helpers import BASE, RUN, close, encode, flags, hf_image_features, shard_tokens
 
@@ -139,7 +140,7 @@ def test_several_devices_equal_one_and_share_the_work(media, ckpt_sharded, tmp_p
 
     items, _ = discover([str(media)], None, [], [], False)
     towers = [load_tower(str(ckpt_sharded), "float32", "cpu") for _ in range(2)]
-    writer = ShardWriter(tmp_path / "direct", "float32", {})
+    writer = ShardWriter(open_out(tmp_path / "direct"), "float32", {})
     options = Options(workers=0, sampling=Sampling(frames=4))  # as flags()
     summary = run_pipeline(items, towers, options, writer, "serial", 8192, window_patches=3000)
     assert summary.ok == len(items) and len(summary.device_patches) == 2

@@ -15,6 +15,7 @@ from gemma4enc.errors import UsageError
 from gemma4enc.output import export as export_module
 from gemma4enc.output import formats
 from gemma4enc.output.npreader import Shard
+from gemma4enc.output.opening import open_out
 
 from .helpers import RUN, folder_with_history
 
@@ -185,7 +186,7 @@ def test_clip_reads_no_tokens(folder, monkeypatch, tmp_path):
     reads = []
     real = Shard.rows
     monkeypatch.setattr(Shard, "rows", lambda self, name, lo, hi: reads.append(name) or real(self, name, lo, hi))
-    export_module.export(out, "clip", tmp_path / "x")
+    export_module.export(open_out(out), "clip", tmp_path / "x")
     assert "tokens" not in reads and reads.count("pooled") == 5  # one window per shard still in use
 
 

@@ -20,6 +20,7 @@ from safetensors import safe_open
 from gemma4enc.options import Options
 from gemma4enc.output.shards import FORMAT_VERSION, ShardWriter, shard_metadata
 from gemma4enc.rows import Row, Status
+from gemma4enc.output.opening import open_out
 
 GOLDEN = Path(__file__).parent / "golden" / "shard-header-v1.json"
 ROOT = Path(__file__).parents[1]
@@ -35,7 +36,7 @@ def header(path: Path) -> dict:
 def write_fixed_shard(out: Path, pooled: bool = True) -> Path:
     """Two files in one shard: an image of 3 tokens, a video of 2 frames (2 + 1 tokens); width 4."""
     tower = SimpleNamespace(checkpoint=None, dtype=torch.float32, out_dim=4)  # what shard_metadata reads
-    writer = ShardWriter(out, "bfloat16", shard_metadata(Options(), tower), pooled=pooled)
+    writer = ShardWriter(open_out(out), "bfloat16", shard_metadata(Options(), tower), pooled=pooled)
     image = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     video = [torch.full((2, 4), 0.5), torch.full((1, 4), -2.0)]
     writer.add(Row("/m/a.jpg", "image", 10, 1, Status.OK, tokens=3, frames=1), [image])

@@ -22,6 +22,7 @@ from gemma4enc.commands.cli import app
 from gemma4enc.media.discover import discover
 from gemma4enc.options import Options
 from gemma4enc.run.encode import encode_files
+from gemma4enc.output.opening import open_out
 
 from .corpus import CAMERA, ERROR_SAYS, EXPECTED, TRUNCATED, bad_media
 from .helpers import (
@@ -285,7 +286,7 @@ def test_a_file_that_vanishes_before_decode(good, ckpt, tmp_path):
     items, _ = discover([str(media)])
     (media / "photo3.jpg").unlink()
     options = Options(model=str(ckpt), dtype="float32", device="cpu", out_dtype="float32")
-    report = encode_files(items, tmp_path / "out", options, bar=lambda n: _NoBar())
+    report = encode_files(items, open_out(tmp_path / "out"), options, bar=lambda n: _NoBar())
     rows = by_name(tmp_path / "out")
     assert rows["photo3.jpg"]["status"] == "not_found" and report["failed"] == 1 and report["encoded"] == 5
 

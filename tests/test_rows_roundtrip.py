@@ -22,7 +22,7 @@ def test_a_row_goes_through_a_real_shard_and_back(tmp_path):
               extra={"note": "kept"})
     failed = Row.failed(Item(str(tmp_path / "b.mp4"), "video", 9, 9), Status.DECODE_ERROR, "cut short")
     frames = [torch.randn(4, 8), torch.randn(2, 8)]
-    writer = ShardWriter(out, "float32", {})
+    writer = ShardWriter(open_out(out), "float32", {})
     writer.add(row, frames)
     writer.add(failed)
     writer.close()

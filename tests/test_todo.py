@@ -66,8 +66,8 @@ def test_new_changed_failed_and_lost_files_are_left_to_do(media, tmp_path):
     ])
     written = (out / MANIFEST).read_bytes()
     items = [i for i in discover([str(media)])[0] if os.path.basename(i.path)[0] in "abcdef"]
-    assert names(still_to_do(items, out, Options())) == ["b.png", "c.png", "d.png", "f.png"]
-    assert names(still_to_do(items, out, Options(retry_failed=True))) == ["b.png", "c.png", "d.png", "e.png", "f.png"]
+    assert names(still_to_do(items, open_out(out), Options())) == ["b.png", "c.png", "d.png", "f.png"]
+    assert names(still_to_do(items, open_out(out), Options(retry_failed=True))) == ["b.png", "c.png", "d.png", "e.png", "f.png"]
     assert (out / MANIFEST).read_bytes() == written  # deciding wrote nothing
 
 
@@ -87,8 +87,8 @@ def test_with_hash_the_content_decides(media, tmp_path):
         row_for(media / "j.png", mtime_ns=1),  # no hash recorded and another mtime: cannot tell, so again
     ])
     items = [i for i in discover([str(media)])[0] if os.path.basename(i.path)[0] in "ghij"]
-    assert names(still_to_do(items, out, Options())) == ["g.png", "j.png"]  # size + mtime only: h is missed
-    assert names(still_to_do(items, out, Options(hash=True))) == ["h.png", "i.png", "j.png"]
+    assert names(still_to_do(items, open_out(out), Options())) == ["g.png", "j.png"]  # size + mtime only: h is missed
+    assert names(still_to_do(items, open_out(out), Options(hash=True))) == ["h.png", "i.png", "j.png"]
     refreshed = {Path(r["path"]).name: r for r in manifest(out)[4:]}
     assert sorted(refreshed) == ["g.png"]
     assert refreshed["g.png"]["mtime_ns"] == st.st_mtime_ns + 10**9 and refreshed["g.png"]["sha256"] == digest["g"]
@@ -104,7 +104,7 @@ def test_a_file_under_a_moved_root_adopts_its_row(media, tmp_path):
     shutil.rmtree(old)  # moved: the old path is gone
     (media / "b.png").write_bytes((media / "b.png").read_bytes() + b"\0")  # changed while it moved
     items = [i for i in discover([str(media)])[0] if os.path.basename(i.path) in ("a.png", "b.png")]
-    assert names(still_to_do(items, out, Options())) == ["b.png"]
+    assert names(still_to_do(items, open_out(out), Options())) == ["b.png"]
     adopted, superseded = manifest(out)[2:]  # the old path's row superseded: one row per file
     assert {k: adopted[k] for k in ("path", "root", "rel", "shard", "index", "tokens")} == {
         "path": str(media / "a.png"), "root": str(media), "rel": "a.png", "shard": "shard-000004.safetensors",
@@ -134,9 +134,9 @@ def test_a_split_beside_another_keeps_its_own_rows(tmp_path):
                       for i, n in enumerate(("f0.ppm", "f1.ppm", "f2.ppm"))])
     items = discover([str(val)])[0]
     assert [i.rel for i in items] == ["f0.ppm", "f1.ppm", "f2.ppm"]
-    assert names(still_to_do(items, out, Options())) == ["f0.ppm", "f1.ppm", "f2.ppm"]
+    assert names(still_to_do(items, open_out(out), Options())) == ["f0.ppm", "f1.ppm", "f2.ppm"]
     assert len(manifest(out)) == 3  # nothing adopted
-    assert names(still_to_do(items, out, Options(hash=True))) == ["f0.ppm", "f1.ppm"]
+    assert names(still_to_do(items, open_out(out), Options(hash=True))) == ["f0.ppm", "f1.ppm"]
     adopted = manifest(out)[3:]
     assert [(r["path"], r["index"], r["sha256"]) for r in adopted] == [(str(val / "f2.ppm"), 2, digest(val / "f2.ppm"))]
 
@@ -150,7 +150,7 @@ def test_a_root_reached_through_a_symlink_adopts_its_rows(media, tmp_path):
     append_rows(out, [row_for(media / "a.png", root=str(media), rel="a.png", shard="shard-000000.safetensors",
                               index=0, tokens=9)])
     items = [i for i in discover([str(link)])[0] if os.path.basename(i.path) == "a.png"]
-    assert still_to_do(items, out, Options()) == []
+    assert still_to_do(items, open_out(out), Options()) == []
     assert manifest(out)[1]["path"] == str(link / "a.png")
 
 
@@ -172,8 +172,8 @@ def test_discovery_keeps_only_what_is_left_to_do_and_counts_the_rest(media, tmp_
         items, _ = discover([str(media)], known=unchanged.known)
         assert "".join(n[0] for n in names(items)) == kept and len(unchanged) == counted
         assert items == sorted(items, key=lambda i: i.path)  # the order files are processed in
-        whole = still_to_do(everything, out, options)
-        assert names(still_to_do(items, out, options)) == names(whole)  # the same decision, from fewer Items
+        whole = still_to_do(everything, open_out(out), options)
+        assert names(still_to_do(items, open_out(out), options)) == names(whole)  # the same decision, from fewer Items
         assert names(unchanged.again(items)) == names(items)  # nothing read since: the marks stand
 
 
@@ -183,7 +183,7 @@ def test_a_file_counted_done_is_decided_again_when_its_row_changes_before_the_lo
     media.mkdir()
     for i in range(3):
         photo(20, 20 + i, seed=i).save(media / f"{i}.png")
-    writer = ShardWriter(out, "float32", {"model": "test"})
+    writer = ShardWriter(open_out(out), "float32", {"model": "test"})
     for i, path in enumerate(sorted(media.iterdir())):
         writer.add(Row.from_json(row_for(path, root=str(media), rel=path.name, tokens=3, frames=1)), [torch.full((3, 4), float(i))])
     writer.close()
@@ -199,7 +199,7 @@ def test_a_file_counted_done_is_decided_again_when_its_row_changes_before_the_lo
     back = unchanged.again(items)
     assert [(os.path.basename(i.path), i.root, i.rel) for i in back] == [
         (f"{i}.png", str(media), f"{i}.png") for i in range(3)]  # as discovery would have made them
-    assert names(still_to_do(back, out, Options(), ledger)) == ["0.png", "1.png", "2.png"]
+    assert names(still_to_do(back, open_out(out), Options(), ledger)) == ["0.png", "1.png", "2.png"]
     assert len(unchanged) == 1  # one.png still counted, no longer the other three
 
     unchanged = Unchanged(ledger, Options())  # now: another run compacts the manifest (a new file)
@@ -211,12 +211,12 @@ def test_a_file_counted_done_is_decided_again_when_its_row_changes_before_the_lo
     assert [(os.path.basename(i.path), i.root, i.rel) for i in back] == [
         ("0.png", str(media), "0.png"), ("1.png", str(media), "1.png"), ("2.png", str(media), "2.png"),
         ("one.png", None, None)]
-    assert len(unchanged) == 0 and names(still_to_do(back, out, Options(), ledger)) == ["0.png", "1.png", "2.png"]
+    assert len(unchanged) == 0 and names(still_to_do(back, open_out(out), Options(), ledger)) == ["0.png", "1.png", "2.png"]
 
 
 def written(out: Path, n: int) -> list[str]:
     """n files' tokens in one real shard (shard-000000), their rows in the manifest."""
-    writer = ShardWriter(out, "float32", {"model": "test"})
+    writer = ShardWriter(open_out(out), "float32", {"model": "test"})
     paths = [f"/media/{i}.jpg" for i in range(n)]
     for i, path in enumerate(paths):
         writer.add(Row(path, "image", 100 + i, 7, Status.OK, tokens=3, frames=1), [torch.full((3, 4), float(i))])
@@ -249,7 +249,7 @@ def test_repair_marks_the_files_of_a_lost_shard_to_be_encoded_again(tmp_path, da
     out = tmp_path / "out"
     paths = written(out, 3)
     items = [Item(p, "image", 100 + i, 7) for i, p in enumerate(paths)]  # as their rows record them
-    assert still_to_do(items, out, Options()) == []
+    assert still_to_do(items, open_out(out), Options()) == []
     shard = out / "shard-000000.safetensors"
     if damage == "missing":
         shard.unlink()
@@ -263,7 +263,7 @@ def test_repair_marks_the_files_of_a_lost_shard_to_be_encoded_again(tmp_path, da
     assert [(r["path"], r["status"], r["shard"], r["index"], r["tokens"]) for r in lost] == [
         (p, "shard_lost", None, None, 0) for p in paths]
     assert not shard.exists()  # no live row names it now
-    assert [i.path for i in still_to_do(items, out, Options())] == paths
+    assert [i.path for i in still_to_do(items, open_out(out), Options())] == paths
 
 
 def test_settings_are_recorded_once_and_only_output_shaping_ones_must_match(tmp_path):

@@ -14,6 +14,7 @@ from gemma4enc.errors import OutputError
 from gemma4enc.output.reader import Embeddings
 from gemma4enc.output.shards import ShardWriter
 from gemma4enc.rows import Row, Status
+from gemma4enc.output.opening import open_out
 
 
 def row(i: int) -> Row:
@@ -32,13 +33,13 @@ def test_writing_runs_beside_the_caller(tmp_path, monkeypatch):
         real(tensors, path, metadata=metadata)
 
     monkeypatch.setattr(shards, "save_file", held)
-    writer = ShardWriter(tmp_path, "float32", {}, shard_bytes=1)
+    writer = ShardWriter(open_out(tmp_path), "float32", {}, shard_bytes=1)
     writer.add(row(0), [torch.ones(3, 4)])  # a full shard: handed to the writing thread
     assert writing.wait(120) and not (tmp_path / "manifest.jsonl").exists()  # returned while the write is held
     release.set()
     writer.add(row(1), [torch.full((3, 4), 2.0)])  # waits for the first, hands over the second
     writer.flush()
-    emb = Embeddings(tmp_path)
+    emb = Embeddings(open_out(tmp_path))
     assert torch.equal(emb["/media/1.jpg"], torch.full((3, 4), 2.0))
     assert [emb.row(f"/media/{i}.jpg")["shard"] for i in (0, 1)] == ["shard-000000.safetensors",
                                                                    "shard-000001.safetensors"]
@@ -50,7 +51,7 @@ def test_a_failed_write_surfaces_at_the_next_call(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(shards, "save_file", full)
-    writer = ShardWriter(tmp_path, "float32", {}, shard_bytes=1)
+    writer = ShardWriter(open_out(tmp_path), "float32", {}, shard_bytes=1)
     writer.add(row(0), [torch.ones(3, 4)])
     with pytest.raises(OutputError, match="No space left"):
         writer.flush()

@@ -108,9 +108,7 @@ def compact(
 ):
     """Rewrite the manifest with one row per file (the latest), under OUT's lock."""
     with open_out(out, write=True) as o, o.locked(need=True):
-        ledger = o.ledger(read=False)  # read once, by repair; compact reads on from there
-        notes = o.repair(ledger)
-        report = o.compact(ledger, prune=prune) | {"notes": notes, "out": str(out)}  # a store's: its new base
+        report = o.compact(prune=prune) | {"out": str(out)}  # OUT as named (a store's: its new base)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
     else:

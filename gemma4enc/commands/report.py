@@ -18,7 +18,6 @@ from ..media.kinds import Item
 from ..media.sources import exists
 from ..options import DEFAULT_FRAMES, OUT_DTYPES, Options, Sampling
 from ..output.names import MANIFEST, not_an_output
-from ..output.opening import as_out
 from ..output.out import Out
 from ..rows import Status
 
@@ -96,7 +95,6 @@ def _video_frames(sampling: Sampling, stream, container_s: float = 0.0) -> int:
 
 
 def _output_folder(out) -> Out:
-    out = as_out(out)
     if not out.found():
         raise UsageError(not_an_output(out.url))
     return out

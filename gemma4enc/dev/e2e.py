@@ -219,6 +219,7 @@ def _overlap(tower, mode, max_patches, items, options, workers, repeats, dev, lo
     from ..media.workers import DecodePool
     from ..model.batching import Unit
     from ..output.shards import ShardWriter
+    from ..output.opening import open_out
     from ..run.pipeline import Encoder, run
     from .bench import interleaved
 
@@ -235,7 +236,7 @@ def _overlap(tower, mode, max_patches, items, options, workers, repeats, dev, lo
         outs = itertools.count()
 
         def end_to_end():
-            writer = ShardWriter(Path(tmp) / f"out{next(outs)}", "bfloat16", {}, 1 << 30)
+            writer = ShardWriter(open_out(Path(tmp) / f"out{next(outs)}"), "bfloat16", {}, 1 << 30)
             run(items, [tower], options, writer, mode, max_patches)
 
         stages = {"decode-only": decode_only, "encode-only": encode_only, "end-to-end": end_to_end}

@@ -1,5 +1,5 @@
 """The manifest rewritten with one row per file (the latest), and shards rewritten without pruned tokens;
-run by `compact`, and by a run itself once superseded rows outnumber the live ones (Out.maybe_compact)."""
+run by `compact`, and by a run itself once superseded rows outnumber the live ones (Out.finish)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ from ..media.remote import is_url
 from ..rows import Row, Status
 from .names import MANIFEST, not_an_output
 from .ledger import Ledger
-from .opening import as_out
 from .out import Out
 
 HEADER_MAX = 100 << 20  # safetensors' own bound on a header
@@ -108,7 +107,7 @@ class Rows:
     ledger: Ledger
 
     def _open(self, out) -> None:
-        self.out = as_out(out)
+        self.out = out
         if not self.out.found():
             raise FileNotFoundError(not_an_output(self.out.url))
         self.ledger = self.out.ledger(pin=True)
@@ -173,7 +172,7 @@ class NumpyEmbeddings(Rows):
     """As shards.Embeddings (`emb[path]`, `frames`, `pooled`, `row`, `pooled_matrix`), with numpy
     float32 arrays; `mm_encoder_outputs` hands Gemma 4 torch tensors, so it alone needs torch."""
 
-    def __init__(self, out: str | os.PathLike | Out):
+    def __init__(self, out: Out):
         self._open(out)
 
     def _shard(self, path) -> tuple[Row, Shard]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 from ..errors import SAVED, OutputError, UsageError, no_credentials
@@ -58,7 +57,3 @@ def reading(where, need: bool = True):
     finally:
         out.close()
 
-
-def as_out(out) -> Out:
-    """An `Out` as it is, or a path taken for a local folder (a reader made from a path)."""
-    return out if isinstance(out, Out) else Out(FolderBackend(Path(os.fspath(out))))

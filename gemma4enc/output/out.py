@@ -287,20 +287,29 @@ class Out:
         """The shards whose names start with one of `prefixes` removed (a lost Ray task's)."""
         self.backend.delete(n for n in self.backend.listing() if n.startswith(prefixes) and SHARD_RE.match(n))
 
-    def maybe_compact(self, ledger: Ledger) -> str | None:
-        """Compact once the manifest is mostly superseded rows, or a store's parts are AUTO_PARTS
-        (call under the lock, at the end of a run)."""
+    def finish(self, ledger: Ledger) -> str | None:
+        """The end of a run, under the lock: rows appended with `later` made OUT's, then the
+        manifest compacted where it is mostly superseded rows, or a store's parts are AUTO_PARTS.
+        Returns a note for the log, or None."""
+        self.sync()
         dead = ledger.superseded + ledger.unreadable
         parts = self.backend.parts
         if dead < max(AUTO_COMPACT_ROWS, len(ledger)) and parts < AUTO_PARTS:
             return None
-        report = self.compact(ledger)
+        report = self._compacted(ledger)
         merged = f"; merged {parts} manifest parts into {self.named(MANIFEST)}" if parts else ""
         return f"compacted {MANIFEST}: {report['rows_before']} rows → {report['rows_after']}{merged}"
 
     def compact(self, ledger: Ledger | None = None, prune: bool = False) -> dict:
-        """The manifest rewritten with each file's latest row (compact.py), made OUT's, then the
-        shards no row names any more removed; under the lock."""
+        """`compact`'s command, under the lock: what a killed run left repaired, then the manifest
+        rewritten with each file's latest row (with `prune`, of files that still exist), made
+        OUT's, the shards no row names any more removed. The report says what it did (`notes`:
+        the repair's)."""
+        ledger = ledger or self.ledger(read=False)
+        notes = self.repair(ledger)
+        return self._compacted(ledger, prune) | {"notes": notes}
+
+    def _compacted(self, ledger: Ledger, prune: bool = False) -> dict:
         from .compact import compact
 
         report = compact(self, ledger, prune)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 
 import torch
 from safetensors import safe_open
@@ -19,7 +18,7 @@ class Embeddings(Rows):
     Only the manifest is read up front; each lookup opens one shard and slices its rows.
     """
 
-    def __init__(self, out: str | os.PathLike | Out):
+    def __init__(self, out: Out):
         self._open(out)
 
     def __getitem__(self, path) -> torch.Tensor:

@@ -16,7 +16,6 @@ that shard is on disk (temp name, fsync, rename, fsync of the folder).
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,22 +87,20 @@ class Pending:
 class ShardWriter:
     """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows.
 
-    The shards and rows go to `sink` (a ShardSink: an output folder, or a path taken for one):
-    each shard written in `sink.folder`, published, then the rows naming it appended.
+    The shards and rows go to `sink` (a ShardSink: an `Out`, or a Ray task's own): each shard
+    written in `sink.folder`, published, then the rows naming it appended.
     """
 
     def __init__(
         self,
-        sink: ShardSink | Path,
+        sink: ShardSink,
         out_dtype: str,
         metadata: dict[str, str],
         shard_bytes: int = 1 << 30,
         pooled: bool = True,
         flush_seconds: float = 60.0,
     ):
-        from .opening import as_out
-
-        self.sink: ShardSink = as_out(sink) if isinstance(sink, (str, os.PathLike)) else sink
+        self.sink = sink
         self.out, self.dtype = self.sink.folder, getattr(torch, out_dtype)  # a name of options.OUT_DTYPES
         self.metadata = {"format_version": FORMAT_VERSION, **metadata}
         self.shard_bytes, self.pooled, self.flush_seconds = shard_bytes, pooled, flush_seconds

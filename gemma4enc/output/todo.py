@@ -12,7 +12,6 @@ from ..media.sources import exists
 from ..options import Options
 from ..rows import VIDEO_KEYS, Status
 from .ledger import Ledger
-from .opening import as_out
 from .out import Out
 from .repair import LOST
 
@@ -92,7 +91,6 @@ def still_to_do(
     mtime is the same file under a moved or remounted root when the old path is gone (or is this
     file), and its row is adopted; with --hash, a matching sha256 adopts it wherever the old one is.
     """
-    out = as_out(out)
     ledger = ledger or out.ledger()
     todo, refreshed = [], []
     for item in items:

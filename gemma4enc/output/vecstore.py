@@ -40,7 +40,6 @@ from . import ann
 from .vecfile import VectorFile
 from .files import atomic_write, bounded_lines, own_opener
 from .names import MANIFEST, not_an_output, temp_name
-from .opening import as_out
 from .out import Out
 from .npreader import NumpyEmbeddings, Shard
 from .vectors import shard_records, hidden_size, placed, records
@@ -137,7 +136,6 @@ class Cache:
 
 def open_cache(out, log=lambda message: None, rebuild: bool = False) -> Cache:
     """OUT's cache, current with its manifest: read as it is, read on, or built (and kept in OUT)."""
-    out = as_out(out)
     if not out.found():
         raise UsageError(not_an_output(out))
     out.fetch_files((META, ROWS, PATHS, VECTORS, FAISS))  # a store keeps the cache beside its shards

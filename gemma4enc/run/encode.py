@@ -12,7 +12,7 @@ from ..options import Options
 from ..output.ledger import Ledger
 from ..output.lock import describe
 from ..output.names import SETTINGS
-from ..output.opening import as_out, open_out
+from ..output.opening import open_out
 from ..output.out import Out
 from ..output.todo import Unchanged, still_to_do
 from ..rows import Status
@@ -147,7 +147,6 @@ def encode_files(
     """
     from .preflight import preflight
 
-    out = as_out(out)
     log = log or (lambda message: None)
     rerun = not overwrite and out.path(SETTINGS).exists()
     options, extra, deferred, pool = _checked(items, options, rerun)
@@ -172,8 +171,7 @@ def encode_files(
             except TooManyFailures as e:
                 raise TooManyFailures(f"{e}; finished files are saved ({out.rows_hint()})") from None
             found, done, failures = _outcome(todo, stream, found, ledger, appended_from, unchanged)
-            out.sync()  # rows appended here and not yet sent (files found unchanged, moved)
-            note = out.maybe_compact(ledger)
+            note = out.finish(ledger)  # rows not yet sent (files found unchanged, moved), compaction if due
             if note:
                 log(note)
     except UsageError:

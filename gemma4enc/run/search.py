@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..output import ondisk
-from ..output.opening import reading
+from ..output.opening import open_out, reading
 from ..output.out import Out
 from ..output.npreader import NumpyEmbeddings, key_of
 from ..output.names import SETTINGS
@@ -210,8 +210,9 @@ def encode_files(out: Out, paths: list[str], device: str, bar, log) -> dict:
     why = (f"search does not fetch a model that an OUT's {SETTINGS} names ({out}: it may be someone "
            "else's; docs/security.md)")
     with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp, cache_only(why):
-        run(items, Path(tmp) / "out", options, bar=bar or _NoBar, log=log)
-        emb = NumpyEmbeddings(Path(tmp) / "out")
+        scratch = open_out(Path(tmp) / "out")
+        run(items, scratch, options, bar=bar or _NoBar, log=log)
+        emb = NumpyEmbeddings(scratch)
         found = {rec.row["path"]: rec.pooled for rec in records(emb)}
         for path in paths:
             if path not in found:
