@@ -106,22 +106,11 @@ def processor(image_tokens: int, video_tokens: int = 70):
 
 
 def video_frames(path: Path, frames: int) -> tuple[np.ndarray, dict]:
-    """Every decoded frame of a clip with PyAV, then the processor's uniform sample
-    (arange(n) * total // n) and the metadata a video loader would give it."""
-    import av
+    """The clip as transformers' own video path gives it to Gemma4Processor: load_video with the
+    PyAV backend and its uniform sampler (`frames` of them), and the metadata it returns."""
+    from transformers.video_utils import load_video
 
-    with av.open(str(path)) as c:
-        stream = c.streams.video[0]
-        fps = float(stream.average_rate)
-        decoded = [f.to_ndarray(format="rgb24") for f in c.decode(stream)]
-    total = len(decoded)
-    n = min(frames, total)
-    indices = [i * total // n for i in range(n)]
-    from transformers.video_utils import VideoMetadata
-
-    meta = VideoMetadata(total_num_frames=total, fps=fps, frames_indices=indices,
-                         height=decoded[0].shape[0], width=decoded[0].shape[1])
-    return np.stack([decoded[i] for i in indices]), meta
+    return load_video(str(path), num_frames=frames, backend="pyav")
 
 
 TEXT = "Two photos <|image|> and <|image|>, then a clip <|video|>. What changed?"

@@ -253,6 +253,43 @@ def test_three_trainer_steps_give_the_same_weights(setup, tmp_path):
               f"in all {off / total:.2e} of the steps")
 
 
+def test_a_long_clips_stored_frames_are_transformers_own_video_path(setup, tmp_path):
+    """8 frames of a 120-frame H.264 clip (issue 46: one such frame parted from transformers' video
+    path by 7.1e-3 on an AMX machine): the tokens gemma4enc stores for each frame are the model's
+    get_video_features of the frames transformers' load_video(backend="pyav") samples, within
+    1e-4 of their scale (float32), frame by frame and in the same order."""
+    from typer.testing import CliRunner
+
+    import gemma4enc
+    from gemma4enc.commands.cli import app
+    from gemma4enc.dev.demo import write_video
+
+    media = tmp_path / "long"
+    media.mkdir()
+    write_video(media / "long.mp4", frames=120)
+    args = ["encode", str(media), "-o", str(tmp_path / "out"), "--model", str(setup.ckpt), "--device", "cpu",
+            "--workers", "0", "--frames", "8", "--video-backend", "pyav", "--dtype", "float32",
+            "--out-dtype", "float32", "--resize", "exact", "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    path = str(media / "long.mp4")
+    emb = gemma4enc.open(tmp_path / "out")
+    frames, meta = gc.video_frames(media / "long.mp4", 8)
+    assert emb.row(path)["frame_indices"] == [int(i) for i in meta.frames_indices] == list(range(0, 120, 15))
+    batch = setup.processor(text="<|video|>", videos=[frames], video_metadata=[meta], return_tensors="pt")
+    with torch.no_grad():
+        want = setup.model.model.get_video_features(
+            batch["pixel_values_videos"], batch["video_position_ids"],
+            num_frames_per_video=torch.tensor([len(frames)])).pooler_output[0]
+    got = emb.frames(path)
+    assert len(got) == 8 and sum(len(f) for f in got) == len(want)
+    scale, at = want.abs().max(), 0
+    for k, tokens in enumerate(got):
+        part = want[at:at + len(tokens)]
+        at += len(tokens)
+        assert (tokens - part).abs().max() <= 1e-4 * scale, f"frame {k} (index {15 * k})"
+
+
 def test_the_whole_file_is_checked_first(setup, media, tmp_path):
     rows = conversations(media) + [
         {"messages": [{"role": "user", "content": [{"type": "image", "path": "nowhere.png"}]},
