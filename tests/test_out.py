@@ -193,6 +193,21 @@ class OutContract:
         with self.open() as out:
             assert torch.equal(Embeddings(out)[path(1, media)], torch.full((3, 4), 1.0))
 
+    def test_the_compact_command_keeps_every_shard_a_row_names(self):
+        """`compact` gives no ledger (Out.compact reads its own, repairs, then compacts): the
+        shards its rows name stay, and only those no row names go."""
+        self.write(range(4), per_shard=2)  # two shards
+        self.plant("shard-000099.safetensors", b"an orphan: no row names it")
+        with self.open(write=True) as out, out.locked():
+            out.append([row(3, Status.DECODE_ERROR).to_json()])
+            report = out.compact()
+        assert (report["rows_before"], report["rows_after"]) == (5, 4)
+        rows = self.rows()
+        named = {r["shard"] for r in rows.values() if r["status"] == Status.OK}
+        assert len(named) == 2 and named <= self.names() and "shard-000099.safetensors" not in self.names()
+        with self.open() as out:
+            assert torch.equal(Embeddings(out)[path(0)], torch.full((3, 4), 0.0))
+
     # shard numbering, fetching, removal
 
     def test_shards_are_numbered_on_from_the_highest(self):

@@ -287,7 +287,7 @@ def plan(
             found.append(root)
         else:
             echo(f"gemma4enc: warning: {root}: no such file or folder", err=True)
-    unchanged = Unchanged(ledger, Options()) if ledger else None  # as a run without --hash decides
+    unchanged = Unchanged(ledger, Options()) if ledger is not None else None  # as a run without --hash decides
     items, skipped = discover(
         found,
         files_from,

@@ -23,7 +23,7 @@ def compact(out, ledger: Ledger | None = None, prune: bool = False) -> dict:
     shards are removed. A kill at any point leaves a valid folder (at worst unnamed shards, which
     the next run clears).
     """
-    ledger = (ledger or out.ledger(read=False)).refresh()
+    ledger = (ledger if ledger is not None else out.ledger(read=False)).refresh()
     if not ledger.path.exists():
         raise UsageError(not_an_output(out.url))
     gone = {ledger.entry(p).offset: p for p in ledger if not exists(p)} if prune else {}

@@ -257,6 +257,11 @@ class Ledger:
     def __len__(self) -> int:
         return len(self._index()[0])
 
+    def __bool__(self) -> bool:
+        # a ledger is OUT's manifest, read or not yet: `ledger or another` must never swap an unread
+        # (empty) one for a second that its caller never sees (a compaction once deleted every shard so)
+        return True
+
     def __contains__(self, path) -> bool:
         return self._find(path) >= 0
 

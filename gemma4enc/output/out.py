@@ -236,7 +236,7 @@ class Out:
 
         if not (self.folder / MANIFEST).exists():  # here a store's parts are read into it too
             self.backend.write(MANIFEST, b"")
-        if SETTINGS not in self.backend.listing():
+        if SETTINGS not in self.backend.listing() or (self.folder / SETTINGS).is_symlink():  # a link is not ours
             self.backend.write(SETTINGS, json.dumps(settings_of(options, extra), indent=2).encode())
 
     def repair(self, ledger: Ledger | None = None) -> list[str]:
@@ -245,7 +245,7 @@ class Out:
         are encoded again), shards no latest row names."""
         from .repair import mark_lost
 
-        ledger = (ledger or self.ledger(read=False)).refresh()  # stops before a torn last line
+        ledger = (ledger if ledger is not None else self.ledger(read=False)).refresh()  # stops before a torn last line
         notes = self.backend.settle(ledger)
         named = ledger.shards()
         notes += mark_lost(self, named - self.backend.readable(named), ledger)
@@ -305,14 +305,14 @@ class Out:
         rewritten with each file's latest row (with `prune`, of files that still exist), made
         OUT's, the shards no row names any more removed. The report says what it did (`notes`:
         the repair's)."""
-        ledger = ledger or self.ledger(read=False)
+        ledger = ledger if ledger is not None else self.ledger(read=False)
         notes = self.repair(ledger)
         return self._compacted(ledger, prune) | {"notes": notes}
 
     def _compacted(self, ledger: Ledger, prune: bool = False) -> dict:
         from .compact import compact
 
-        report = compact(self, ledger, prune)
+        report = compact(self, ledger, prune)  # `ledger` read anew from the rewritten manifest
         self.backend.replace_manifest()
-        self.backend.delete(unnamed_shards(self.backend.listing(), self.ledger(read=False).refresh().shards()))
+        self.backend.delete(unnamed_shards(self.backend.listing(), ledger.shards()))
         return report

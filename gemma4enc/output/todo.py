@@ -91,7 +91,7 @@ def still_to_do(
     mtime is the same file under a moved or remounted root when the old path is gone (or is this
     file), and its row is adopted; with --hash, a matching sha256 adopts it wherever the old one is.
     """
-    ledger = ledger or out.ledger()
+    ledger = ledger if ledger is not None else out.ledger()
     todo, refreshed = [], []
     for item in items:
         row = ledger.get(item.path)

@@ -155,7 +155,7 @@ def encode_files(
         with out.locked() as lock:
             if lock is not None and lock.previous:
                 log(f"took over the lock of an earlier run that is gone ({describe(lock.previous)})")
-            ledger = ledger or out.ledger(read=False)
+            ledger = ledger if ledger is not None else out.ledger(read=False)  # an empty one is falsy (len)
             for note in out.prepare(options, overwrite, extra, ledger):
                 log(note)
             todo, stream, found = _to_do(items, out, options, ledger, unchanged, more)
