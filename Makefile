@@ -27,10 +27,11 @@ venv:
 install: venv
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 
-# types where objects meet: the output folder's seam, the Ray driver, the video decoder; 0 errors (pyproject's [tool.mypy])
+# types where objects meet: the output folder's seam, the Ray driver, the in-memory encoder and the
+# local engine, the video decoder; 0 errors (pyproject's [tool.mypy])
 check:
-	$(PY) -m mypy gemma4enc/output gemma4enc/run/ray gemma4enc/media/video.py gemma4enc/media/videoindex.py \
-		gemma4enc/media/mpegts.py
+	$(PY) -m mypy gemma4enc/output gemma4enc/run/ray gemma4enc/run/encoder.py gemma4enc/run/local.py \
+		gemma4enc/media/video.py gemma4enc/media/videoindex.py gemma4enc/media/mpegts.py
 
 # what `pip install .` ships, as a user gets it: the sdist and the wheel built, the wheel (not
 # editable) installed into a fresh venv, then run from outside the checkout: --version, demo, encode, verify

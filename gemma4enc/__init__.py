@@ -3,6 +3,9 @@
 import gemma4enc
 emb = gemma4enc.open("embeddings")      # reads only the manifest
 tokens = emb["/data/cat.jpg"]           # (soft tokens, hidden) from one shard
+
+with gemma4enc.Encoder(model="path/to/gemma-4") as enc:   # in memory, nothing written
+    for row, frames in enc.encode(["cat.jpg"]): ...
 """
 
 from ._version import __version__  # noqa: F401 - the public name
@@ -18,3 +21,12 @@ def open(out, framework: str = "pt"):  # noqa: A001 - the reader's natural name,
     from .output.openreader import open_reader
 
     return open_reader(out, framework)
+
+
+def __getattr__(name: str):
+    """`gemma4enc.Encoder`, imported when first named (the package imports nothing heavy)."""
+    if name == "Encoder":
+        from .run.encoder import Encoder
+
+        return Encoder
+    raise AttributeError(f"module 'gemma4enc' has no attribute {name!r}")

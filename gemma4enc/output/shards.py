@@ -84,6 +84,23 @@ class Pending:
     mean: torch.Tensor | None = None
 
 
+def file_mean(frames: list[torch.Tensor]) -> torch.Tensor:
+    """A file's pooled vector as a shard stores it, before the cast to the out dtype: the float32
+    mean of its tokens (`frames`, already in the out dtype)."""
+    return torch.cat(frames).float().mean(0)
+
+
+def pooled_as_read(frames: list[torch.Tensor], dtype: torch.dtype, stored: bool):
+    """The pooled vector (numpy float32) that reading a shard holding these tokens gives
+    (vectors.records): the stored mean cast to `dtype`, or where none is stored (--no-pooled), the
+    mean numpy takes of the tokens. A file encoded in memory is found exactly as it would be in OUT."""
+    import numpy as np
+
+    if stored:
+        return file_mean(frames).to(dtype).float().numpy()
+    return torch.cat(frames).float().numpy().mean(0, dtype=np.float32)
+
+
 class ShardWriter:
     """Collects finished files, writes a shard when it reaches `shard_bytes`, then their rows.
 
@@ -122,7 +139,7 @@ class ShardWriter:
         if (
             self.pooled_only and item.frames
         ):  # the means as a tokens shard has them; the tokens go at once
-            item.mean = torch.cat(item.frames).float().mean(0)
+            item.mean = file_mean(item.frames)
             item.sizes = [f.shape[0] for f in item.frames]
             item.frames = [f.float().mean(0, keepdim=True) for f in item.frames]
         self.pending.append(item)
@@ -211,7 +228,7 @@ class ShardWriter:
             "item_frames": item_frames.cumsum(0),
         }
         if self.pooled:
-            means = [torch.cat(p.frames).float().mean(0) for p in ok]
+            means = [file_mean(p.frames) for p in ok]
             tensors["pooled"] = torch.stack(means).to(self.dtype)  # (N, D)
         return tensors
 

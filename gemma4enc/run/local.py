@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
 from ..media.kinds import Item
 from ..media.workers import DecodePool
 from .context import Run
@@ -28,37 +26,30 @@ def encode(todo: list[Item], run: Run) -> Summary:
 
 
 def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
+    """The in-memory encoder (run/encoder.py) with a shard writer as its sink."""
     # torch comes in here, once the workers are on their way (importing it takes seconds)
-    from ..model.batching import budget_patches
-    from ..model.load import devices, open_tower
     from ..output.shards import ShardWriter, shard_metadata
-    from .pipeline import run as pipeline
+    from .encoder import Encoder, open_towers
     from .pipeline import where_time_went
 
     options = run.options
-    start = time.perf_counter()
-    opened = [open_tower(options, device) for device in devices(options)]
-    (tower, dtype, mode), towers = opened[0], [t for t, _, _ in opened]
-    if len({(t.device.type, t.dtype) for t in towers}) > 1:
-        raise UsageError("--devices: give devices of one kind (their outputs must be the same)")
+    towers = open_towers(options, work=bool(todo))
     run.ready()
-    max_patches = min(budget_patches(t, options, mode) for t in towers) if todo else 0
-    names = ", ".join(str(t.device) for t in towers)
     run.log(
-        f"{run.done + len(todo)} files, {run.done} already done; {names}, {dtype}, "
-        f"batching {mode}, ≤{max_patches} patches per call; model loaded in {time.perf_counter() - start:.1f} s"
+        f"{run.done + len(todo)} files, {run.done} already done; {towers.names}, {towers.dtype}, "
+        f"batching {towers.mode}, ≤{towers.max_patches} patches per call; model loaded in {towers.seconds:.1f} s"
     )
     writer = ShardWriter(
         run.out,  # OUT at a URL: each shard uploaded, then its rows sent as a manifest part
         options.out_dtype,
-        shard_metadata(options, tower),
+        shard_metadata(options, towers.towers[0]),
         options.shard_bytes,
         options.pooled,
         options.flush_seconds,
     )
     progress = run.bar(len(todo))
     try:
-        summary = pipeline(todo, towers, options, writer, mode, max_patches, progress, pool=pool)
+        summary = Encoder(options, towers).run(todo, writer, progress, pool=pool)
     except KeyboardInterrupt:
         writer.flush()  # keep what is finished
         raise
@@ -69,12 +60,12 @@ def _encode_with(pool: DecodePool, todo: list[Item], run: Run) -> Summary:
     if verdict:
         run.log(verdict)
     summary.where = {
-        "device": names,
-        "dtype": dtype,
-        "batching": mode,
-        "max_batch_patches": max_patches,
+        "device": towers.names,
+        "dtype": towers.dtype,
+        "batching": towers.mode,
+        "max_batch_patches": towers.max_patches,
         **facts,
     }
-    if len(towers) > 1:
+    if len(towers.towers) > 1:
         summary.where["device_patches"] = summary.device_patches
     return summary

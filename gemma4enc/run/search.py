@@ -4,26 +4,24 @@ The vectors and their index live in OUT's search cache (output/vecstore.py: floa
 exact while small, IVF-PQ re-ranked exactly past that, kept current as OUT grows). `Searcher`
 holds it open for many queries; `search()` and `duplicates()` are what the command runs.
 A file OUT does not hold, or holds for an older version of it (size or mtime changed), is
-encoded with OUT's own settings.json, through encode's own pipeline, into a temporary folder.
+encoded with OUT's own settings.json by the in-memory encoder (run/encoder.py): nothing is written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import UsageError
 from ..output import ondisk
-from ..output.opening import open_out, reading
+from ..output.opening import reading
 from ..output.out import Out
-from ..output.npreader import NumpyEmbeddings, key_of
+from ..output.npreader import key_of
 from ..output.names import SETTINGS
 from ..output.vecstore import open_cache
-from ..output.vectors import records
 from . import dedup
 
 QUERY_BLOCK = 256  # queries searched at once (their candidates' float32 vectors: ~150 MB at width 1536)
@@ -106,9 +104,8 @@ class Searcher:
             tars = sum(1 for n in set(new) if n in member_tar.values())
             what = f"{len(set(new)) - tars} file(s)" + (f" and {tars} tar(s)" if tars else "")
             self.log(f"encoding {what} {self.out} lacks, with its settings")
-        # encode's own lines (model loaded, worker advice, a temp OUT) are about a run the user did not
-        # start: kept quiet; a query that fails says why in the results
-        encoded = encode_files(self.out, sorted(set(new)), self.device, bar, lambda m: None) if new else {}
+        # encoded in memory, nothing written; a query that fails says why in the results
+        encoded = encode_files(self.out, sorted(set(new)), self.device, bar) if new else {}
         for f in [f for f, s in sources.items() if s == "encoded"]:
             vector = encoded.get(key_of(f))
             if isinstance(vector, np.ndarray):  # rounded as the stored rows are: scores compare alike
@@ -190,11 +187,15 @@ def _unchanged(path: str, row) -> bool:
     return (st.st_size, st.st_mtime_ns) == (int(row["size"]), int(row["mtime"]))
 
 
-def encode_files(out: Out, paths: list[str], device: str, bar, log) -> dict:
-    """path → pooled vector (float32), or the reason it has none: each encoded as OUT's settings say."""
-    from ..media.discover import discover
+def encode_files(out: Out, paths: list[str], device: str, bar=None) -> dict:
+    """path → pooled vector (float32), or the reason it has none: each encoded as OUT's settings
+    say, in memory (run/encoder.py), its vector as it would be read back from OUT."""
+    import torch
+
+    from ..model.hub import cache_only
     from ..options import Options
-    from .encode import encode_files as run
+    from ..output.shards import pooled_as_read
+    from .encoder import Encoder
 
     saved = out.settings()
     if saved is None:
@@ -202,22 +203,18 @@ def encode_files(out: Out, paths: list[str], device: str, bar, log) -> dict:
             f"{out}: no {SETTINGS}, so its settings are unknown; cannot encode new files like it"
         )
     options, _ = Options.resume(saved, {"device": device, "workers": 0})  # OUT's own settings, every one
-    items, _ = discover(paths)
-    from ..model.hub import cache_only
-
+    stored = options.pooled or options.store == "pooled"  # the means a shard keeps (vectors.records)
     # the model is the one OUT's settings.json names, and OUT may be someone else's: a hub id is
     # taken from the caches only, never fetched at their word (docs/security.md)
     why = (f"search does not fetch a model that an OUT's {SETTINGS} names ({out}: it may be someone "
            "else's; docs/security.md)")
-    with tempfile.TemporaryDirectory(prefix="gemma4enc-search-") as tmp, cache_only(why):
-        scratch = open_out(Path(tmp) / "out")
-        run(items, scratch, options, bar=bar or _NoBar, log=log)
-        emb = NumpyEmbeddings(scratch)
-        found = {rec.row["path"]: rec.pooled for rec in records(emb)}
-        for path in paths:
-            if path not in found:
-                row = emb.rows.get(path) or {}
-                found[path] = f"status {row.get('status', 'not encoded')}: {row.get('error')}"
+    found: dict = {}
+    with cache_only(why), Encoder(options) as encoder:
+        for row, frames in encoder.encode(paths, bar):
+            found[row.path] = (pooled_as_read(frames, getattr(torch, options.out_dtype), stored)
+                               if frames else f"status {row.status}: {row.error}")
+    for path in paths:
+        found.setdefault(path, "status not encoded: None")
     return found
 
 
