@@ -130,6 +130,23 @@ class TestFolderBackend(BackendContract):
         self.backend.delete(["shard-000003.safetensors"])
         assert decoy.read_bytes() == b"the user's"
 
+    def test_overwrite_never_reaches_through_a_planted_parts_link(self, tmp_path):
+        """A handed-over OUT whose manifest.parts links to the user's folder: --overwrite's clear
+        lists and deletes OUT's own files only; the decoys there stay byte-identical."""
+        from gemma4enc.output.out import Out
+
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        decoy = elsewhere / "000000000001-run.jsonl"
+        decoy.write_bytes(b"the user's")
+        (self.backend.local / PARTS).symlink_to(elsewhere, target_is_directory=True)
+        self.backend.write("shard-000000.safetensors", b"ours")
+        assert self.backend.listing(PARTS) == {}
+        Out(self.backend).clear()
+        assert decoy.read_bytes() == b"the user's" and "shard-000000.safetensors" not in self.listed()
+        self.backend.delete([f"{PARTS}/000000000001-run.jsonl"])
+        assert decoy.read_bytes() == b"the user's"
+
     def test_the_handle_is_picklable(self):
         assert pickle.loads(pickle.dumps(self.backend.handle())) == self.backend.handle()
 

@@ -162,8 +162,10 @@ class FolderBackend(OutBackend):
 
     def listing(self, sub: str = "") -> dict[str, int]:
         found: dict[str, int] = {}
+        if sub:  # a folder keeps no sub-folder of ours (parts are a store's): one there, or a link
+            return found  # named like it, is never walked, so nothing outside OUT is ever listed
         try:
-            entries = list(os.scandir(self.local / sub))
+            entries = list(os.scandir(self.local))
         except (FileNotFoundError, NotADirectoryError):
             return found
         for e in entries:
@@ -172,7 +174,7 @@ class FolderBackend(OutBackend):
             except FileNotFoundError:  # another run's compaction, once this one let go of the lock
                 continue
             if not e.is_dir(follow_symlinks=False):
-                found[f"{sub}/{e.name}" if sub else e.name] = st.st_size
+                found[e.name] = st.st_size
         return found
 
     def write(self, name: str, data: bytes) -> None:
@@ -180,7 +182,8 @@ class FolderBackend(OutBackend):
 
     def delete(self, names: Iterable[str]) -> None:
         for name in names:
-            (self.local / name).unlink(missing_ok=True)
+            if "/" not in name and name not in ("", ".", ".."):  # OUT's own files only, none below
+                (self.local / name).unlink(missing_ok=True)
 
     def fetch(self, name: str) -> Path:
         return self.local / name
